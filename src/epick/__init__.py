@@ -1,0 +1,3 @@
+"""epick: an inference-aware endpoint picker for LLM serving."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,26 @@
+"""The config used when none is given: the Go EPP's default weights."""
+
+DEFAULT_CONFIG_YAML = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+- type: max-score-picker
+- type: single-profile-handler
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 2
+  - pluginRef: prefix-cache-scorer
+    weight: 3
+  - pluginRef: max-score-picker
+"""
+
+DEFAULT_PROFILE = "default"
+DEFAULT_PICKER = "max-score-picker"
+DEFAULT_HANDLER = "single-profile-handler"

@@ -1,0 +1,588 @@
+"""Load an `EndpointPickerConfig` into a ready scheduler and request-control hooks.
+
+Two phases, as the Go EPP's loader: (1) parse, default and validate the document; (2) build the
+plugins and assemble profiles and handler. Every problem of a phase is collected before failing, each
+naming its path in the file and a fix; nothing half-built is ever returned.
+"""
+
+from __future__ import annotations
+
+import difflib
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from epick.config.defaults import DEFAULT_CONFIG_YAML, DEFAULT_HANDLER, DEFAULT_PICKER, DEFAULT_PROFILE
+from epick.config.entrypoints import default_registry
+from epick.config.errors import ConfigError, ConfigIssue
+from epick.config.schema import (
+    IGNORED_SECTIONS,
+    EndpointPickerConfigFile,
+    PluginEntry,
+    PluginRef,
+    ProfileEntry,
+    SaturationDetectorSection,
+)
+from epick.framework import (
+    Filter,
+    Picker,
+    Plugin,
+    PreRequest,
+    ProfileHandler,
+    ResponseComplete,
+    ResponseReceived,
+    ResponseStreaming,
+    Scheduler,
+    SchedulerProfile,
+    Scorer,
+    WeightedScorer,
+)
+from epick.plugins.filters.utilization import UtilizationDetector, UtilizationParameters
+from epick.plugins.profile.requirements import NeedsProfiles
+from epick.plugins.registry import Registry, parse_duration
+
+
+@dataclass(slots=True)
+class RequestHooks:
+    """The request-control hooks a config's plugins implement, in the order they were defined."""
+
+    pre_request: list[PreRequest] = field(default_factory=list)
+    response_received: list[ResponseReceived] = field(default_factory=list)
+    response_streaming: list[ResponseStreaming] = field(default_factory=list)
+    response_complete: list[ResponseComplete] = field(default_factory=list)
+
+    @classmethod
+    def from_plugins(cls, plugins: Sequence[Plugin]) -> RequestHooks:
+        hooks = cls()
+        for p in plugins:
+            if isinstance(p, PreRequest):
+                hooks.pre_request.append(p)
+            if isinstance(p, ResponseReceived):
+                hooks.response_received.append(p)
+            if isinstance(p, ResponseStreaming):
+                hooks.response_streaming.append(p)
+            if isinstance(p, ResponseComplete):
+                hooks.response_complete.append(p)
+        return hooks
+
+
+@dataclass(slots=True)
+class LoadedConfig:
+    source: str
+    scheduler: Scheduler
+    plugins: dict[str, Plugin]
+    hooks: RequestHooks
+    saturation_detector: UtilizationDetector
+    warnings: list[str]
+
+    def summary(self) -> list[str]:
+        """One line per profile, then the handler: what `epick check-config` prints."""
+        lines = []
+        for profile in self.scheduler.profiles.values():
+            filters = ", ".join(str(f.typed_name) for f in profile.filters) or "none"
+            scorers = ", ".join(f"{s.scorer.typed_name}×{s.weight:g}" for s in profile.scorers) or "none"
+            picker = profile.picker.typed_name
+            lines.append(f"profile {profile.name}: filters [{filters}]; scorers [{scorers}]; picker {picker}")
+        lines.append(f"profile handler: {self.scheduler.handler.typed_name}")
+        return lines
+
+
+def load_config_file(
+    path: str | Path, *, registry: Registry | None = None, seed: int | None = None
+) -> LoadedConfig:
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(source, [ConfigIssue("", f"cannot read the file: {e.strerror or e}")]) from None
+    except UnicodeDecodeError:
+        raise ConfigError(source, [ConfigIssue("", "the file is not UTF-8 text")]) from None
+    return load_config_text(text, source=source, registry=registry, seed=seed)
+
+
+def load_default_config(*, registry: Registry | None = None, seed: int | None = None) -> LoadedConfig:
+    return load_config_text(DEFAULT_CONFIG_YAML, source="<default config>", registry=registry, seed=seed)
+
+
+def load_config_text(
+    text: str, *, source: str = "<config>", registry: Registry | None = None, seed: int | None = None
+) -> LoadedConfig:
+    load_failures: list[str] = []
+    if registry is None:
+        registry, load_failures = default_registry()
+    document = _parse(text, source)
+    builder = _Builder(source, document, registry, seed, load_failures)
+    return builder.build()
+
+
+def _parse(text: str, source: str) -> EndpointPickerConfigFile:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(
+            source, [ConfigIssue("", f"not valid YAML: {where}{problem}", "correct the YAML syntax there")]
+        ) from None
+    if raw is None:
+        raise ConfigError(
+            source,
+            [
+                ConfigIssue(
+                    "", "the file is empty", "write an EndpointPickerConfig, or give no config file at all"
+                )
+            ],
+        )
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            source,
+            [
+                ConfigIssue(
+                    "",
+                    f"expected a mapping at the top, found {type(raw).__name__}",
+                    "start with 'apiVersion:'",
+                )
+            ],
+        )
+    try:
+        return EndpointPickerConfigFile.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(
+            source, [_issue_from_pydantic(err, EndpointPickerConfigFile) for err in e.errors()]
+        ) from None
+
+
+def _render_loc(loc: Sequence[int | str]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+# Which model validates the mapping at a location, for listing the fields allowed there.
+def _model_at(root: type[BaseModel], loc: Sequence[int | str]) -> type[BaseModel] | None:
+    nested: dict[tuple[str, ...], type[BaseModel]] = {
+        ("plugins",): PluginEntry,
+        ("schedulingProfiles",): ProfileEntry,
+        ("schedulingProfiles", "plugins"): PluginRef,
+        ("saturationDetector",): SaturationDetectorSection,
+    }
+    if root is not EndpointPickerConfigFile:
+        return root if not [p for p in loc if isinstance(p, str)] else None
+    key = tuple(p for p in loc if isinstance(p, str))
+    return root if not key else nested.get(key)
+
+
+def _field_names(model: type[BaseModel]) -> list[str]:
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def _issue_from_pydantic(err: Any, root: type[BaseModel], prefix: str = "") -> ConfigIssue:
+    loc = list(err.get("loc", ()))
+    path = _render_loc(loc)
+    if prefix:
+        path = f"{prefix}.{path}" if path else prefix
+    kind = err.get("type", "")
+    if kind == "extra_forbidden":
+        model = _model_at(root, loc[:-1])
+        allowed = _field_names(model) if model else []
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        fix = f"did you mean '{close[0]}'?" if close else "remove it"
+        if allowed:
+            fix += f" (allowed here: {', '.join(allowed)})"
+        return ConfigIssue(path, f"unknown field '{loc[-1]}'", fix)
+    if kind == "missing":
+        return ConfigIssue(path, f"required field '{loc[-1]}' is missing", f"add '{loc[-1]}'")
+    if kind == "literal_error":
+        expected = err.get("ctx", {}).get("expected", "")
+        return ConfigIssue(path, f"{err.get('input')!r} is not allowed here", f"use {expected}")
+    msg = err.get("msg", "invalid value")
+    return ConfigIssue(path, f"{msg} (got {err.get('input')!r})", "correct the value")
+
+
+class _DependencyFailedError(Exception):
+    pass
+
+
+class _Handle:
+    def __init__(self, builder: _Builder, requester: str) -> None:
+        self._builder = builder
+        self._requester = requester
+
+    def plugin(self, name: str) -> Plugin:
+        if name not in self._builder.entries:
+            known = ", ".join(self._builder.entries) or "none"
+            raise ValueError(f"there is no plugin named {name!r} (plugins defined: {known})")
+        plugin = self._builder.instantiate(name)
+        if plugin is None:
+            raise _DependencyFailedError(name)
+        return plugin
+
+    def rng(self, name: str) -> random.Random:
+        seed = self._builder.seed
+        return random.Random(f"{seed}/{name}") if seed is not None else random.Random()
+
+
+class _Builder:
+    def __init__(
+        self,
+        source: str,
+        doc: EndpointPickerConfigFile,
+        registry: Registry,
+        seed: int | None,
+        load_failures: list[str],
+    ) -> None:
+        self.source = source
+        self.doc = doc
+        self.registry = registry
+        self.seed = seed
+        self.load_failures = load_failures
+        self.issues: list[ConfigIssue] = []
+        self.warnings: list[str] = list(load_failures)
+        self.entries: dict[str, tuple[int, PluginEntry]] = {}
+        self.instances: dict[str, Plugin] = {}
+        self._failed: set[str] = set()
+        self._building: list[str] = []
+
+    def fail(self, path: str, message: str, fix: str = "") -> None:
+        self.issues.append(ConfigIssue(path, message, fix))
+
+    def check(self) -> None:
+        if self.issues:
+            raise ConfigError(self.source, self.issues)
+
+    # Phase 1: names, types, references, defaults.
+    def build(self) -> LoadedConfig:
+        self._index_plugins()
+        self._check_profiles_refs()
+        for section, why in IGNORED_SECTIONS.items():
+            if getattr(self.doc, section) is not None:
+                self.warnings.append(f"section '{section}' is accepted but not used: {why}")
+        if self.doc.feature_gates:
+            self.warnings.append(
+                f"feature gates are accepted but not used: {', '.join(self.doc.feature_gates)}"
+            )
+        # Phase 2: build every plugin (also when phase 1 found problems, to report all at once),
+        # then assemble.
+        for name in self.entries:
+            self.instantiate(name)
+        self.check()
+        profiles, handler = self._assemble()
+        detector = self._saturation_detector()
+        self.check()
+        assert handler is not None
+        scheduler = Scheduler(profiles, handler)
+        plugins = list(self.instances.values())
+        return LoadedConfig(
+            source=self.source,
+            scheduler=scheduler,
+            plugins=dict(self.instances),
+            hooks=RequestHooks.from_plugins(plugins),
+            saturation_detector=detector,
+            warnings=self.warnings,
+        )
+
+    def _index_plugins(self) -> None:
+        for i, entry in enumerate(self.doc.plugins):
+            path = f"plugins[{i}]"
+            name = entry.name or entry.type
+            if not entry.type:
+                self.fail(
+                    f"{path}.type", "plugin has an empty type", "set 'type' to a registered plugin type"
+                )
+                continue
+            if name in self.entries:
+                first = self.entries[name][0]
+                self.fail(
+                    f"{path}.name",
+                    f"duplicate plugin name {name!r} (plugins[{first}] has it too)",
+                    "give each instance a distinct 'name'",
+                )
+                continue
+            if entry.type not in self.registry:
+                close = difflib.get_close_matches(entry.type, self.registry.types(), n=1)
+                fix = f"did you mean '{close[0]}'?" if close else "use a registered type"
+                fix += f" (run 'epick plugins' to list them; {len(self.registry.types())} are registered)"
+                if self.load_failures:
+                    fix += "; note: " + "; ".join(self.load_failures)
+                self.fail(f"{path}.type", f"unknown plugin type {entry.type!r}", fix)
+                self._failed.add(name)
+            self.entries[name] = (i, entry)
+
+    def _check_profiles_refs(self) -> None:
+        seen: dict[str, int] = {}
+        for i, profile in enumerate(self.doc.scheduling_profiles):
+            path = f"schedulingProfiles[{i}]"
+            if not profile.name:
+                self.fail(f"{path}.name", "profile has an empty name", "give the profile a name")
+            elif profile.name in seen:
+                first = seen[profile.name]
+                self.fail(
+                    f"{path}.name",
+                    f"duplicate profile name {profile.name!r} (schedulingProfiles[{first}] has it too)",
+                    "give each profile a distinct name",
+                )
+            else:
+                seen[profile.name] = i
+            refs: set[str] = set()
+            for j, ref in enumerate(profile.plugins):
+                rpath = f"{path}.plugins[{j}]"
+                if ref.plugin_ref not in self.entries:
+                    close = difflib.get_close_matches(ref.plugin_ref, list(self.entries), n=1)
+                    fix = f"did you mean '{close[0]}'?" if close else "define it under 'plugins' first"
+                    self.fail(f"{rpath}.pluginRef", f"refers to undefined plugin {ref.plugin_ref!r}", fix)
+                elif ref.plugin_ref in refs:
+                    self.fail(
+                        f"{rpath}.pluginRef",
+                        f"plugin {ref.plugin_ref!r} is referenced twice in this profile",
+                        "reference each plugin once per profile",
+                    )
+                refs.add(ref.plugin_ref)
+                if ref.weight is not None and not (ref.weight >= 0 and ref.weight != float("inf")):
+                    self.fail(
+                        f"{rpath}.weight",
+                        f"weight {ref.weight} is not a finite number >= 0",
+                        "use a weight >= 0",
+                    )
+
+    def instantiate(self, name: str) -> Plugin | None:
+        if name in self.instances:
+            return self.instances[name]
+        if name in self._failed:
+            return None
+        index, entry = self.entries[name]
+        path = f"plugins[{index}]"
+        if name in self._building:
+            cycle = " -> ".join([*self._building[self._building.index(name) :], name])
+            self.fail(
+                f"{path}.parameters", f"plugins refer to each other in a cycle: {cycle}", "break the cycle"
+            )
+            self._failed.add(name)
+            return None
+        spec = self.registry.get(entry.type)
+        assert spec is not None
+        try:
+            params = spec.parameters.model_validate(entry.parameters or {})
+        except ValidationError as e:
+            for err in e.errors():
+                issue = _issue_from_pydantic(err, spec.parameters, prefix=f"{path}.parameters")
+                self.issues.append(
+                    ConfigIssue(
+                        issue.path,
+                        f"{entry.type}: {issue.message}",
+                        issue.fix + _params_hint(spec.parameters),
+                    )
+                )
+            self._failed.add(name)
+            return None
+        self._building.append(name)
+        try:
+            plugin = spec.factory(name, params, _Handle(self, name))
+        except _DependencyFailedError as e:
+            self.fail(
+                f"{path}.parameters",
+                f"depends on plugin {e.args[0]!r}, which could not be built",
+                "fix that plugin",
+            )
+            self._failed.add(name)
+            return None
+        except (ValueError, TypeError) as e:
+            self.fail(f"{path}.parameters", f"{entry.type}: {e}", "correct the parameters")
+            self._failed.add(name)
+            return None
+        finally:
+            self._building.pop()
+        self.instances[name] = plugin
+        return plugin
+
+    def _assemble(self) -> tuple[dict[str, SchedulerProfile], ProfileHandler | None]:
+        handlers = [(n, p) for n, p in self.instances.items() if _is_handler(p)]
+        if len(handlers) > 1:
+            names = ", ".join(repr(n) for n, _ in handlers)
+            self.fail(
+                "plugins", f"more than one profile handler: {names}", "keep exactly one profile handler"
+            )
+        entries = list(self.doc.scheduling_profiles)
+        if not entries:
+            # The Go EPP's default: one profile holding every filter, scorer and picker.
+            refs = [
+                PluginRef(pluginRef=n)
+                for n, p in self.instances.items()
+                if isinstance(p, Filter | Scorer) or _is_picker(p)
+            ]
+            entries = [ProfileEntry(name=DEFAULT_PROFILE, plugins=refs)]
+        default_picker = next((p for p in self.instances.values() if _is_picker(p)), None)
+        profiles: dict[str, SchedulerProfile] = {}
+        for i, entry in enumerate(entries):
+            profile = self._profile(i, entry, default_picker)
+            if profile is not None:
+                profiles[profile.name] = profile
+        handler: ProfileHandler | None = handlers[0][1] if handlers else None  # type: ignore[assignment]
+        if handler is None:
+            if len(entries) == 1:
+                handler = self._default_handler()
+            else:
+                self.fail(
+                    "plugins",
+                    f"no profile handler configured for {len(entries)} profiles",
+                    "add a plugin of type disagg-profile-handler or shadow-profile-handler "
+                    "(single-profile-handler runs only one profile)",
+                )
+        elif handler.typed_name.type == DEFAULT_HANDLER and len(entries) > 1:
+            index = self.entries[handler.typed_name.name][0]
+            self.fail(
+                f"plugins[{index}].type",
+                f"single-profile-handler cannot run {len(entries)} profiles",
+                "keep one profile, or use disagg-profile-handler or shadow-profile-handler",
+            )
+        if isinstance(handler, NeedsProfiles):
+            names = {e.name for e in entries}
+            index = (
+                self.entries[handler.typed_name.name][0] if handler.typed_name.name in self.entries else -1
+            )
+            for key, profile_name in handler.required_profiles().items():
+                if profile_name not in names:
+                    self.fail(
+                        f"plugins[{index}].parameters.{key}",
+                        f"profile {profile_name!r} does not exist",
+                        f"name one of the profiles: {', '.join(sorted(names))}",
+                    )
+        return profiles, handler
+
+    def _default_handler(self) -> ProfileHandler:
+        spec = self.registry.get(DEFAULT_HANDLER)
+        assert spec is not None
+        plugin = spec.factory(DEFAULT_HANDLER, spec.parameters(), _Handle(self, DEFAULT_HANDLER))
+        assert isinstance(plugin, ProfileHandler)
+        self.instances.setdefault(DEFAULT_HANDLER, plugin)
+        return plugin
+
+    def _default_picker(self) -> Picker:
+        existing = self.instances.get(DEFAULT_PICKER)
+        if existing is not None and _is_picker(existing):
+            return existing  # type: ignore[return-value]
+        spec = self.registry.get(DEFAULT_PICKER)
+        assert spec is not None
+        plugin = spec.factory(DEFAULT_PICKER, spec.parameters(), _Handle(self, DEFAULT_PICKER))
+        assert isinstance(plugin, Picker)
+        self.instances.setdefault(DEFAULT_PICKER, plugin)
+        return plugin
+
+    def _profile(self, i: int, entry: ProfileEntry, default_picker: Plugin | None) -> SchedulerProfile | None:
+        path = f"schedulingProfiles[{i}]"
+        filters: list[Filter] = []
+        scorers: list[WeightedScorer] = []
+        picker: Picker | None = None
+        ok = True
+        for j, ref in enumerate(entry.plugins):
+            rpath = f"{path}.plugins[{j}]"
+            plugin = self.instances.get(ref.plugin_ref)
+            if plugin is None:
+                ok = False  # already reported
+                continue
+            described = f"plugin {ref.plugin_ref!r} ({plugin.typed_name.type})"
+            if _is_handler(plugin):
+                self.fail(
+                    f"{rpath}.pluginRef",
+                    f"{described} is a profile handler; it cannot be part of a profile",
+                    "remove this reference: the handler is used from the plugins list",
+                )
+                ok = False
+                continue
+            is_scorer = isinstance(plugin, Scorer)
+            used = False
+            if isinstance(plugin, Filter):
+                filters.append(plugin)
+                used = True
+            if is_scorer:
+                scorers.append(WeightedScorer(plugin, 1.0 if ref.weight is None else ref.weight))  # type: ignore[arg-type]
+                used = True
+            elif ref.weight is not None:
+                self.fail(
+                    f"{rpath}.weight",
+                    f"{described} is not a scorer; only scorers take a weight",
+                    "remove 'weight'",
+                )
+                ok = False
+            if _is_picker(plugin):
+                if picker is not None:
+                    self.fail(
+                        f"{rpath}.pluginRef",
+                        f"{described} is a second picker in this profile (already {picker.typed_name})",
+                        "keep one picker per profile",
+                    )
+                    ok = False
+                picker = plugin  # type: ignore[assignment]
+                used = True
+            if not used:
+                self.fail(
+                    f"{rpath}.pluginRef",
+                    f"{described} is not a filter, scorer or picker",
+                    "remove it from the profile; it works from the plugins list",
+                )
+                ok = False
+        if picker is None:
+            picker = default_picker if default_picker is not None else self._default_picker()  # type: ignore[assignment]
+        if not ok or picker is None:
+            return None
+        return SchedulerProfile(entry.name, picker, filters, scorers)
+
+    def _saturation_detector(self) -> UtilizationDetector:
+        section = self.doc.saturation_detector
+        detectors = [(n, p) for n, p in self.instances.items() if isinstance(p, UtilizationDetector)]
+        if section is not None and section.plugin_ref is not None:
+            if section.queue_depth_threshold is not None or section.kv_cache_util_threshold is not None:
+                self.fail(
+                    "saturationDetector",
+                    "give either 'pluginRef' or thresholds, not both",
+                    "move the thresholds into the referenced plugin's parameters",
+                )
+            found = self.instances.get(section.plugin_ref)
+            if not isinstance(found, UtilizationDetector):
+                self.fail(
+                    "saturationDetector.pluginRef",
+                    f"{section.plugin_ref!r} is not a utilization-detector plugin of this config",
+                    "define a plugin of type utilization-detector and refer to its name",
+                )
+                return UtilizationDetector()
+            return found
+        if section is not None:
+            values: dict[str, Any] = {}
+            if section.queue_depth_threshold is not None and section.queue_depth_threshold > 0:
+                values["queue_depth_threshold"] = section.queue_depth_threshold
+            if section.kv_cache_util_threshold is not None and 0 < section.kv_cache_util_threshold <= 1:
+                values["kv_cache_util_threshold"] = section.kv_cache_util_threshold
+            if section.metrics_staleness_threshold is not None:
+                try:
+                    values["metrics_staleness_threshold"] = parse_duration(
+                        section.metrics_staleness_threshold
+                    )
+                except ValueError as e:
+                    self.fail("saturationDetector.metricsStalenessThreshold", str(e), "write it like '200ms'")
+            return UtilizationDetector("saturation-detector", UtilizationParameters(**values))
+        if detectors:
+            return detectors[0][1]
+        return UtilizationDetector("saturation-detector")
+
+
+def _is_handler(p: object) -> bool:
+    return isinstance(p, ProfileHandler)
+
+
+def _is_picker(p: object) -> bool:
+    # A profile handler also has `pick`; only a plugin without `process_results` is a picker.
+    return isinstance(p, Picker) and not isinstance(p, ProfileHandler)
+
+
+def _params_hint(model: type[BaseModel]) -> str:
+    names = _field_names(model)
+    return f"; parameters of this type: {', '.join(names)}" if names else "; this type takes no parameters"

@@ -1,0 +1,62 @@
+"""The scheduling framework: contracts, value types and the scheduling cycle.
+
+Pure: nothing here does I/O, and nothing imports HTTP, Kubernetes or asyncio.
+"""
+
+from epick.framework.cycle_state import CycleState
+from epick.framework.endpoint import ROLE_LABEL, Endpoint, Metrics
+from epick.framework.errors import EndpointsFilteredError, NoEndpointsError, SchedulingError
+from epick.framework.interfaces import (
+    Filter,
+    Picker,
+    PreRequest,
+    ProfileHandler,
+    ProfileLike,
+    ResponseComplete,
+    ResponseReceived,
+    ResponseStreaming,
+    Scorer,
+)
+from epick.framework.plugin import NamedPlugin, Plugin, TypedName, state_key
+from epick.framework.profile import SchedulerProfile, WeightedScorer
+from epick.framework.request import BadRequestError, ChatMessage, InferenceRequest, RequestBody
+from epick.framework.response import Response, Usage
+from epick.framework.results import ProfileRunResult, SchedulingResult, ScoredEndpoint
+from epick.framework.scheduler import Scheduler
+from epick.framework.trace import ScheduleTrace
+
+__all__ = [
+    "ROLE_LABEL",
+    "BadRequestError",
+    "ChatMessage",
+    "CycleState",
+    "Endpoint",
+    "EndpointsFilteredError",
+    "Filter",
+    "InferenceRequest",
+    "Metrics",
+    "NamedPlugin",
+    "NoEndpointsError",
+    "Picker",
+    "Plugin",
+    "PreRequest",
+    "ProfileHandler",
+    "ProfileLike",
+    "ProfileRunResult",
+    "RequestBody",
+    "Response",
+    "ResponseComplete",
+    "ResponseReceived",
+    "ResponseStreaming",
+    "ScheduleTrace",
+    "Scheduler",
+    "SchedulerProfile",
+    "SchedulingError",
+    "SchedulingResult",
+    "ScoredEndpoint",
+    "Scorer",
+    "TypedName",
+    "Usage",
+    "WeightedScorer",
+    "state_key",
+]

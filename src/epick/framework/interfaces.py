@@ -1,0 +1,109 @@
+"""One small protocol per extension point. A plugin implements whichever it needs.
+
+Contracts the runtime relies on (and enforces where it cheaply can):
+- Filters return a subset of the endpoints they were given, in any order; an empty list means
+  "none fits" and ends the profile with an error naming the filter.
+- Scorers return one score per endpoint, in the order given. Higher is better. The runtime clamps
+  each score to [0, 1] (NaN counts as 0) and applies the profile's weight; scorers never weight.
+- Pickers receive every surviving endpoint with its weighted total and return a non-empty result
+  whose targets are drawn from them, primary first.
+- A profile handler's `pick` is called again and again until it returns no profile; the profiles it
+  returns run sequentially in the order returned, and later calls see their results.
+- Request-control hooks run outside the scheduling call, after it, in the service's order:
+  `PreRequest` once the decision is made, then `ResponseReceived` (headers), `ResponseStreaming`
+  (each chunk) and `ResponseComplete` (end, success or failure).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+from epick.framework.cycle_state import CycleState
+from epick.framework.endpoint import Endpoint
+from epick.framework.plugin import Plugin
+from epick.framework.request import InferenceRequest
+from epick.framework.response import Response
+from epick.framework.results import ProfileRunResult, SchedulingResult, ScoredEndpoint
+
+# Names of extension points, as used in metrics and traces.
+FILTER = "Filter"
+SCORER = "Scorer"
+PICKER = "Picker"
+PROFILE_HANDLER = "ProfileHandler"
+
+
+@runtime_checkable
+class Filter(Plugin, Protocol):
+    def filter(
+        self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> Sequence[Endpoint]: ...
+
+
+@runtime_checkable
+class Scorer(Plugin, Protocol):
+    def score(
+        self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> Sequence[float]: ...
+
+
+@runtime_checkable
+class Picker(Plugin, Protocol):
+    def pick(
+        self, request: InferenceRequest, cycle_state: CycleState, scored: Sequence[ScoredEndpoint]
+    ) -> ProfileRunResult: ...
+
+
+class ProfileLike(Protocol):
+    """What a profile handler needs to know of a profile (see `SchedulerProfile`)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+@runtime_checkable
+class ProfileHandler(Plugin, Protocol):
+    def pick(
+        self,
+        request: InferenceRequest,
+        cycle_state: CycleState,
+        profiles: Mapping[str, ProfileLike],
+        results: Mapping[str, ProfileRunResult | None],
+    ) -> Sequence[str]:
+        """Names of the profiles to run next, in order; empty when scheduling is done."""
+        ...
+
+    def process_results(
+        self,
+        request: InferenceRequest,
+        cycle_state: CycleState,
+        results: Mapping[str, ProfileRunResult | None],
+    ) -> SchedulingResult:
+        """Merge the profile results into the final result; raise `SchedulingError` if impossible."""
+        ...
+
+
+@runtime_checkable
+class PreRequest(Plugin, Protocol):
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None: ...
+
+
+@runtime_checkable
+class ResponseReceived(Plugin, Protocol):
+    def response_received(
+        self, request: InferenceRequest, response: Response, endpoint: Endpoint
+    ) -> None: ...
+
+
+@runtime_checkable
+class ResponseStreaming(Plugin, Protocol):
+    def response_streaming(
+        self, request: InferenceRequest, response: Response, endpoint: Endpoint
+    ) -> None: ...
+
+
+@runtime_checkable
+class ResponseComplete(Plugin, Protocol):
+    def response_complete(
+        self, request: InferenceRequest, response: Response, endpoint: Endpoint
+    ) -> None: ...

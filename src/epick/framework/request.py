@@ -1,0 +1,169 @@
+"""The request as the scheduler sees it: structured properties, never HTTP."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+# The Go EPP's estimate of characters per token, used wherever a token count is guessed from text.
+CHARS_PER_TOKEN = 4
+
+RequestKind = Literal["completion", "chat"]
+
+
+class BadRequestError(ValueError):
+    """The request body cannot be understood (the service answers 400)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str
+    content: str | list[Any] | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"role": self.role, "content": self.content}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestBody:
+    """The parsed OpenAI body: a completion prompt or chat messages."""
+
+    kind: RequestKind
+    prompt: str = ""
+    messages: tuple[ChatMessage, ...] = ()
+    stream: bool = False
+    cache_salt: str = ""
+    max_tokens: int | None = None
+    # The text the approximate prefix index hashes: the prompt, or the chat messages as compact JSON.
+    prefix_text: str = ""
+
+    @classmethod
+    def completion(cls, prompt: str, **kwargs: Any) -> RequestBody:
+        return cls(kind="completion", prompt=prompt, prefix_text=prompt, **kwargs)
+
+    @classmethod
+    def chat(cls, messages: Sequence[ChatMessage], **kwargs: Any) -> RequestBody:
+        msgs = tuple(messages)
+        text = json.dumps([m.to_json() for m in msgs], separators=(",", ":"), ensure_ascii=False)
+        return cls(kind="chat", messages=msgs, prefix_text=text, **kwargs)
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceRequest:
+    """One inference request's properties, passed to every plugin as a structured argument."""
+
+    target_model: str
+    body: RequestBody
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names
+    priority: int = 0  # < 0: sheddable
+    objective: str = ""  # the InferenceObjective named by x-gateway-inference-objective
+    size: int = 0  # body size in bytes
+
+    @property
+    def estimated_prompt_tokens(self) -> int:
+        """Prompt length in tokens, estimated as characters / 4 (the Go EPP's rule)."""
+        return len(self.body.prefix_text) // CHARS_PER_TOKEN
+
+    @classmethod
+    def from_openai(
+        cls,
+        raw: Mapping[str, Any],
+        *,
+        kind: RequestKind | None = None,
+        request_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        priority: int = 0,
+        size: int = 0,
+    ) -> InferenceRequest:
+        """Build a request from an OpenAI completions or chat body.
+
+        `kind` is taken from the path when the caller knows it; otherwise a body with `messages`
+        is chat and anything else a completion. Raises `BadRequestError` naming the field at fault.
+        """
+        if not isinstance(raw, Mapping):
+            raise BadRequestError("request body must be a JSON object")
+        model = raw.get("model")
+        if not isinstance(model, str) or not model:
+            raise BadRequestError("request body has no 'model' (a non-empty string is required)")
+        if kind is None:
+            kind = "chat" if "messages" in raw else "completion"
+        common: dict[str, Any] = {
+            "stream": _opt_bool(raw, "stream"),
+            "cache_salt": _opt_str(raw, "cache_salt"),
+            "max_tokens": _opt_int(raw, "max_completion_tokens")
+            if raw.get("max_completion_tokens") is not None
+            else _opt_int(raw, "max_tokens"),
+        }
+        if kind == "chat":
+            body = RequestBody.chat(_parse_messages(raw.get("messages")), **common)
+        else:
+            body = RequestBody.completion(_parse_prompt(raw.get("prompt")), **common)
+        hdrs = {k.lower(): v for k, v in (headers or {}).items()}
+        return cls(
+            target_model=model,
+            body=body,
+            request_id=request_id or uuid.uuid4().hex,
+            headers=hdrs,
+            priority=priority,
+            objective=hdrs.get("x-gateway-inference-objective", ""),
+            size=size,
+        )
+
+
+def _parse_prompt(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return "".join(prompt)
+        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+            # Token ids: keep them as text so equal token prefixes hash equally.
+            return " ".join(str(p) for p in prompt)
+    raise BadRequestError(
+        "completion request needs 'prompt': a string, a list of strings or a list of token ids"
+    )
+
+
+def _parse_messages(messages: Any) -> list[ChatMessage]:
+    if not isinstance(messages, list) or not messages:
+        raise BadRequestError("chat request needs 'messages': a non-empty list")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+            raise BadRequestError(f"messages[{i}] must be an object with a string 'role'")
+        content = m.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise BadRequestError(f"messages[{i}].content must be a string, a list of parts or null")
+        out.append(ChatMessage(role=m["role"], content=content))
+    return out
+
+
+def _opt_bool(raw: Mapping[str, Any], key: str) -> bool:
+    v = raw.get(key, False)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise BadRequestError(f"'{key}' must be a boolean")
+    return v
+
+
+def _opt_str(raw: Mapping[str, Any], key: str) -> str:
+    v = raw.get(key, "")
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise BadRequestError(f"'{key}' must be a string")
+    return v
+
+
+def _opt_int(raw: Mapping[str, Any], key: str) -> int | None:
+    v = raw.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise BadRequestError(f"'{key}' must be a non-negative integer")
+    return v

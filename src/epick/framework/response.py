@@ -1,0 +1,32 @@
+"""What request-control hooks learn about a model server's response."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class Response:
+    """A response as it arrives: headers first, then (streaming) chunks, then completion.
+
+    The front end fills it in as it goes; hooks read it. `chunk` is the latest body chunk.
+    """
+
+    request_id: str
+    status: int = 200
+    headers: Mapping[str, str] = field(default_factory=dict)
+    streaming: bool = False
+    chunk: bytes = b""
+    end_of_stream: bool = False
+    usage: Usage | None = None
+    error: str | None = None  # set when the response failed (connection lost, 5xx)
+    # Headers hooks want added to the client's response (e.g. a session token).
+    add_headers: dict[str, str] = field(default_factory=dict)

@@ -1,0 +1,55 @@
+"""The in-tree plugins, each in its own module, listed in one place."""
+
+from epick.plugins.filters import label_selector, role, utilization
+from epick.plugins.pickers import max_score, random_picker, weighted_random
+from epick.plugins.prefix import scorer as prefix_scorer
+from epick.plugins.profile import deciders, disagg, shadow, single
+from epick.plugins.registry import PluginSpec, Registry
+from epick.plugins.scorers import (
+    active_request,
+    kv_cache,
+    load_aware,
+    lora_affinity,
+    queue,
+    running_requests,
+    session_affinity,
+    token_load,
+)
+
+
+def in_tree_plugins() -> list[PluginSpec]:
+    """Every plugin type epick ships, by its config type name."""
+    return [
+        max_score.SPEC,
+        random_picker.SPEC,
+        weighted_random.SPEC,
+        queue.SPEC,
+        running_requests.SPEC,
+        kv_cache.SPEC,
+        lora_affinity.SPEC,
+        prefix_scorer.SPEC,
+        load_aware.SPEC,
+        active_request.SPEC,
+        session_affinity.SPEC,
+        token_load.SPEC,
+        label_selector.SPEC,
+        role.DECODE_SPEC,
+        role.PREFILL_SPEC,
+        utilization.SPEC,
+        single.SPEC,
+        disagg.SPEC,
+        shadow.SPEC,
+        deciders.PREFIX_SPEC,
+        deciders.ALWAYS_SPEC,
+    ]
+
+
+def in_tree_registry() -> Registry:
+    """A registry holding the in-tree plugin types."""
+    registry = Registry()
+    for spec in in_tree_plugins():
+        registry.register(spec)
+    return registry
+
+
+__all__ = ["PluginSpec", "Registry", "in_tree_plugins", "in_tree_registry"]

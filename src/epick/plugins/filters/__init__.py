@@ -1,0 +1,1 @@
+"""Filters: keep the candidates that may serve the request."""

@@ -1,0 +1,37 @@
+"""`random-picker`: uniformly random targets, ignoring scores."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from epick.framework import CycleState, InferenceRequest, NamedPlugin, ProfileRunResult, ScoredEndpoint
+from epick.plugins.pickers.params import PickerParameters
+from epick.plugins.registry import Handle, PluginSpec
+
+TYPE = "random-picker"
+
+
+class RandomPicker(NamedPlugin):
+    plugin_type = TYPE
+
+    def __init__(
+        self, name: str | None = None, max_num_of_endpoints: int = 1, rng: random.Random | None = None
+    ):
+        super().__init__(name)
+        self.max_num_of_endpoints = max_num_of_endpoints
+        self._rng = rng or random.Random()
+
+    def pick(
+        self, request: InferenceRequest, cycle_state: CycleState, scored: Sequence[ScoredEndpoint]
+    ) -> ProfileRunResult:
+        k = min(self.max_num_of_endpoints, len(scored))
+        chosen = self._rng.sample(range(len(scored)), k)
+        return ProfileRunResult(tuple(scored[i].endpoint for i in chosen))
+
+
+def _factory(name: str, params: PickerParameters, handle: Handle) -> RandomPicker:
+    return RandomPicker(name, params.max_num_of_endpoints, handle.rng(name))
+
+
+SPEC = PluginSpec(TYPE, _factory, PickerParameters, "uniformly random, scores ignored")

@@ -1,0 +1,1 @@
+"""The approximate prefix-cache index and the scorer built on it."""

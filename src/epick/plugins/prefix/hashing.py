@@ -1,0 +1,32 @@
+"""Block hashes of a prompt, as the Go EPP's approximate prefix index computes them.
+
+The prompt's UTF-8 bytes are cut into blocks of `block_size_tokens * 4` bytes (at most
+`max_blocks` of them). The chain starts from xxhash64(model name ‖ cache_salt); each block's hash is
+xxhash64(block ‖ previous hash as 8 little-endian bytes). The trailing partial block is hashed too
+(REFERENCE.md), so prompts shorter than one block still find the endpoint that served them; the Go
+EPP v1.x drops that block, which gives a short prompt no affinity at all.
+"""
+
+from __future__ import annotations
+
+import xxhash
+
+from epick.framework.request import CHARS_PER_TOKEN
+
+_xxh64 = xxhash.xxh64_intdigest
+
+
+def prompt_block_hashes(
+    text: str, model: str, *, block_size_tokens: int, max_blocks: int, cache_salt: str = ""
+) -> list[int]:
+    data = text.encode()
+    size = block_size_tokens * CHARS_PER_TOKEN
+    limit = size * max_blocks
+    if len(data) > limit:
+        data = data[:limit]
+    prev = _xxh64((model + cache_salt).encode())
+    hashes = []
+    for start in range(0, len(data), size):
+        prev = _xxh64(data[start : start + size] + prev.to_bytes(8, "little"))
+        hashes.append(prev)
+    return hashes

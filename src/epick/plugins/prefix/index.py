@@ -1,0 +1,77 @@
+"""Which endpoint probably holds which prompt blocks: a per-endpoint LRU plus a reverse map.
+
+Built only from the router's own decisions (no feedback from the servers), hence "approximate".
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+
+class PrefixIndex:
+    def __init__(self, capacity_per_endpoint: int) -> None:
+        self.capacity = capacity_per_endpoint
+        self._lru: dict[str, OrderedDict[int, None]] = {}
+        self._holders: dict[int, set[str]] = {}
+
+    def add(self, endpoint: str, hashes: Iterable[int]) -> None:
+        """Record that `endpoint` now holds these blocks (most recent last)."""
+        lru = self._lru.get(endpoint)
+        if lru is None:
+            lru = self._lru[endpoint] = OrderedDict()
+        holders = self._holders
+        for h in hashes:
+            if h in lru:
+                lru.move_to_end(h)
+                continue
+            lru[h] = None
+            holder = holders.get(h)
+            if holder is None:
+                holders[h] = {endpoint}
+            else:
+                holder.add(endpoint)
+        while len(lru) > self.capacity:
+            old, _ = lru.popitem(last=False)
+            holder = holders[old]
+            holder.discard(endpoint)
+            if not holder:
+                del holders[old]
+
+    def match(self, hashes: Sequence[int]) -> dict[str, int]:
+        """Blocks matched per endpoint, walking the chain until a block nobody holds.
+
+        As the Go EPP counts: an endpoint gains one for every block it holds before the first block
+        no endpoint holds (not necessarily a contiguous run of its own).
+        """
+        matched: dict[str, int] = {}
+        holders = self._holders
+        for h in hashes:
+            holder = holders.get(h)
+            if not holder:
+                break
+            for name in holder:
+                matched[name] = matched.get(name, 0) + 1
+        return matched
+
+    def remove_endpoint(self, endpoint: str) -> None:
+        lru = self._lru.pop(endpoint, None)
+        if lru is None:
+            return
+        for h in lru:
+            holder = self._holders.get(h)
+            if holder is not None:
+                holder.discard(endpoint)
+                if not holder:
+                    del self._holders[h]
+
+    def endpoints(self) -> list[str]:
+        return list(self._lru)
+
+    def blocks(self, endpoint: str) -> int:
+        lru = self._lru.get(endpoint)
+        return 0 if lru is None else len(lru)
+
+    def __len__(self) -> int:
+        """Distinct block hashes held by any endpoint."""
+        return len(self._holders)

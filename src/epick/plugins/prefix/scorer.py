@@ -1,0 +1,140 @@
+"""`prefix-cache-scorer`: prefer the endpoint most likely to hold the prompt's prefix in its KV cache.
+
+score = matched blocks / prompt blocks (0 for an empty prompt), from the approximate index. The
+index learns in `PreRequest`: the prompt's blocks are recorded for the first target of every
+profile result acted on (decode and prefill in P/D; never a shadow profile's). The match found
+while scoring is left in the cycle state (`PrefixMatch`) for deciders such as
+`prefix-based-pd-decider`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pydantic import Field
+
+from epick.framework import (
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    NamedPlugin,
+    SchedulingResult,
+    state_key,
+)
+from epick.plugins.prefix.hashing import prompt_block_hashes
+from epick.plugins.prefix.index import PrefixIndex
+from epick.plugins.registry import Handle, Parameters, PluginSpec
+
+TYPE = "prefix-cache-scorer"
+_REMEMBERED_REQUESTS = 1024  # hashes kept between scoring and PreRequest, per plugin
+
+
+class PrefixCacheParameters(Parameters):
+    block_size_tokens: int = Field(default=16, gt=0)
+    max_prefix_blocks_to_match: int = Field(default=256, gt=0)
+    lru_capacity_per_server: int = Field(default=31250, gt=0)
+    # Accepted for compatibility with Go EPP files; epick sizes blocks from the parameters above.
+    auto_tune: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """What the scorer found for this request: blocks matched per endpoint name."""
+
+    total_blocks: int
+    block_size_tokens: int
+    matched: dict[str, int]
+
+    def cached_tokens(self, endpoint: str) -> int:
+        return self.matched.get(endpoint, 0) * self.block_size_tokens
+
+
+class PrefixCacheScorer(NamedPlugin):
+    plugin_type = TYPE
+
+    def __init__(
+        self,
+        name: str | None = None,
+        block_size_tokens: int = 16,
+        max_prefix_blocks_to_match: int = 256,
+        lru_capacity_per_server: int = 31250,
+    ) -> None:
+        super().__init__(name)
+        self.block_size_tokens = block_size_tokens
+        self.max_blocks = max_prefix_blocks_to_match
+        self.index = PrefixIndex(lru_capacity_per_server)
+        self._recent: OrderedDict[str, list[int]] = OrderedDict()
+        # Requests scored, and blocks matched on the chosen endpoint, for a hit ratio.
+        self.lookups = 0
+        self.lookup_blocks = 0
+        self.hit_blocks = 0
+
+    def hashes(self, request: InferenceRequest) -> list[int]:
+        cached = self._recent.get(request.request_id)
+        if cached is not None:
+            return cached
+        hashes = prompt_block_hashes(
+            request.body.prefix_text,
+            request.target_model,
+            block_size_tokens=self.block_size_tokens,
+            max_blocks=self.max_blocks,
+            cache_salt=request.body.cache_salt,
+        )
+        self._recent[request.request_id] = hashes
+        if len(self._recent) > _REMEMBERED_REQUESTS:
+            self._recent.popitem(last=False)
+        return hashes
+
+    def score(
+        self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> list[float]:
+        hashes = self.hashes(request)
+        total = len(hashes)
+        matched = self.index.match(hashes) if total else {}
+        cycle_state.write(state_key(self), PrefixMatch(total, self.block_size_tokens, matched))
+        if not matched:
+            return [0.0] * len(endpoints)
+        return [matched.get(ep.name, 0) / total for ep in endpoints]
+
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        hashes = self._recent.pop(request.request_id, None)
+        if hashes is None:
+            hashes = self.hashes(request)
+            self._recent.pop(request.request_id, None)
+        if not hashes:
+            return
+        primary = result.profile_results.get(result.primary_profile)
+        if primary is not None and primary.targets:
+            self.lookups += 1
+            self.lookup_blocks += len(hashes)
+            self.hit_blocks += self.index.match(hashes).get(primary.targets[0].name, 0)
+        for r in result.profile_results.values():
+            if r is not None and r.targets:
+                self.index.add(r.targets[0].name, hashes)
+
+    @property
+    def hit_ratio(self) -> float:
+        """Share of prompt blocks found on the chosen endpoint, over all requests recorded."""
+        return self.hit_blocks / self.lookup_blocks if self.lookup_blocks else 0.0
+
+
+def find_prefix_match(cycle_state: CycleState, plugin_name: str | None = None) -> PrefixMatch | None:
+    """The `PrefixMatch` a prefix scorer left in this cycle: the named one, or any if no name is given."""
+    if plugin_name is not None:
+        return cycle_state.read(f"{plugin_name}/{TYPE}", PrefixMatch)
+    for key in cycle_state.keys():  # noqa: SIM118 (CycleState is not a dict)
+        found = cycle_state.read(key, PrefixMatch)
+        if found is not None:
+            return found
+    return None
+
+
+def _factory(name: str, params: PrefixCacheParameters, handle: Handle) -> PrefixCacheScorer:
+    return PrefixCacheScorer(
+        name, params.block_size_tokens, params.max_prefix_blocks_to_match, params.lru_capacity_per_server
+    )
+
+
+SPEC = PluginSpec(TYPE, _factory, PrefixCacheParameters, "matched prompt blocks / prompt blocks")

@@ -1,0 +1,1 @@
+"""Profile handlers: choose which profiles run, and merge their results."""

@@ -1,0 +1,53 @@
+"""`single-profile-handler`: run the one profile; its result is the result."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from epick.framework import (
+    CycleState,
+    InferenceRequest,
+    NamedPlugin,
+    ProfileLike,
+    ProfileRunResult,
+    SchedulingError,
+    SchedulingResult,
+)
+from epick.plugins.registry import Handle, NoParameters, PluginSpec
+
+TYPE = "single-profile-handler"
+
+
+class SingleProfileHandler(NamedPlugin):
+    """Needs exactly one profile (the config loader enforces it)."""
+
+    plugin_type = TYPE
+
+    def pick(
+        self,
+        request: InferenceRequest,
+        cycle_state: CycleState,
+        profiles: Mapping[str, ProfileLike],
+        results: Mapping[str, ProfileRunResult | None],
+    ) -> list[str]:
+        if results:
+            return []
+        return list(profiles)[:1]
+
+    def process_results(
+        self,
+        request: InferenceRequest,
+        cycle_state: CycleState,
+        results: Mapping[str, ProfileRunResult | None],
+    ) -> SchedulingResult:
+        name, result = next(iter(results.items()))
+        if result is None:
+            raise SchedulingError(f"profile {name!r} produced no result", profile=name)
+        return SchedulingResult({name: result}, name)
+
+
+def _factory(name: str, params: NoParameters, handle: Handle) -> SingleProfileHandler:
+    return SingleProfileHandler(name)
+
+
+SPEC = PluginSpec(TYPE, _factory, NoParameters, "run the one profile")

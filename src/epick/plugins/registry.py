@@ -1,0 +1,114 @@
+"""Plugin types by config name: what each needs to be built, and the registry that holds them."""
+
+from __future__ import annotations
+
+import builtins
+import random
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Annotated, Any, Protocol
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic.alias_generators import to_camel
+
+from epick.framework import Plugin
+
+
+class Parameters(BaseModel):
+    """Base of every plugin's parameters: camelCase in YAML, unknown keys rejected, frozen."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+class NoParameters(Parameters):
+    pass
+
+
+class Handle(Protocol):
+    """What a factory may ask of the config being built."""
+
+    def plugin(self, name: str) -> Plugin:
+        """The plugin instance called `name` in the same config (built first if need be)."""
+        ...
+
+    def rng(self, name: str) -> random.Random:
+        """A random source for plugin `name`, seeded from the config's seed when one is set."""
+        ...
+
+
+Factory = Callable[[str, Any, Handle], Plugin]
+
+
+@dataclass(frozen=True, slots=True)
+class PluginSpec:
+    """How to build one plugin type: its parameters model and a factory taking validated parameters."""
+
+    type: str
+    factory: Factory
+    parameters: builtins.type[Parameters] = NoParameters
+    summary: str = ""
+
+
+class DuplicatePluginTypeError(ValueError):
+    pass
+
+
+class Registry:
+    """Plugin types by name. `register` refuses a name twice."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, PluginSpec] = {}
+        self._origin: dict[str, str] = {}
+
+    def register(self, spec: PluginSpec, *, origin: str = "epick") -> None:
+        if spec.type in self._specs:
+            raise DuplicatePluginTypeError(
+                f"plugin type {spec.type!r} from {origin} is already registered by {self._origin[spec.type]}"
+            )
+        self._specs[spec.type] = spec
+        self._origin[spec.type] = origin
+
+    def get(self, type_name: str) -> PluginSpec | None:
+        return self._specs.get(type_name)
+
+    def types(self) -> list[str]:
+        return sorted(self._specs)
+
+    def __contains__(self, type_name: object) -> bool:
+        return type_name in self._specs
+
+    def __iter__(self) -> Iterator[PluginSpec]:
+        return iter(self._specs.values())
+
+
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from a Go duration string ("200ms", "1m30s") or a number of seconds."""
+    if isinstance(value, bool):
+        raise ValueError("a duration is a string like '200ms' or a number of seconds")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        pos = 0
+        seconds = 0.0
+        for m in _DURATION_RE.finditer(text):
+            if m.start() != pos:
+                break
+            seconds += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+            pos = m.end()
+        if not text or pos != len(text):
+            raise ValueError(f"{value!r} is not a duration (write it like '200ms', '2s' or '1m30s')")
+    else:
+        raise ValueError("a duration is a string like '200ms' or a number of seconds")
+    if seconds < 0:
+        raise ValueError("a duration cannot be negative")
+    return seconds
+
+
+# A duration parameter: accepts Go duration strings or seconds, holds seconds.
+Duration = Annotated[float, BeforeValidator(parse_duration)]

@@ -1,0 +1,1 @@
+"""Scorers: rate each candidate in [0, 1], higher is better."""
