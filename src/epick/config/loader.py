@@ -379,7 +379,7 @@ class _Builder:
                     ConfigIssue(
                         issue.path,
                         f"{entry.type}: {issue.message}",
-                        issue.fix + _params_hint(spec.parameters),
+                        issue.fix + ("" if "allowed here" in issue.fix else _params_hint(spec.parameters)),
                     )
                 )
             self._failed.add(name)

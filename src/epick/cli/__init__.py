@@ -1,0 +1,1 @@
+"""The `epick` command line."""

@@ -1,0 +1,121 @@
+"""`epick explain`: show every step of one scheduling decision."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from epick.config import LoadedConfig
+from epick.framework import (
+    Endpoint,
+    InferenceRequest,
+    ProfileRunResult,
+    Response,
+    ScheduleTrace,
+    SchedulingError,
+    SchedulingResult,
+)
+from epick.framework.trace import ProfileTrace
+
+
+@dataclass(slots=True)
+class Explanation:
+    trace: ScheduleTrace
+    result: SchedulingResult | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "primary_profile": self.trace.primary_profile,
+            "targets": list(self.trace.targets),
+            "profiles": {p.name: _profile_json(p) for p in self.trace.profiles},
+            "error": self.trace.error,
+        }
+
+
+def _profile_json(p: ProfileTrace) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "filters": [{"plugin": f.plugin, "kept": f.kept} for f in p.filters],
+        "scorers": [{"plugin": s.plugin, "weight": s.weight, "scores": s.scores} for s in p.scorers],
+        "totals": p.totals,
+        "targets": p.targets,
+    }
+    if p.error is not None:
+        out["error"] = p.error
+    return out
+
+
+def replay_history(config: LoadedConfig, history: list[tuple[InferenceRequest, Endpoint]]) -> None:
+    """Run each past request through the hooks as if it had been sent to its endpoint and finished."""
+    profile = next(iter(config.scheduler.profiles))
+    hooks = config.hooks
+    for request, endpoint in history:
+        result = SchedulingResult({profile: ProfileRunResult((endpoint,))}, profile)
+        for pre in hooks.pre_request:
+            pre.pre_request(request, result)
+        response = Response(request.request_id, end_of_stream=True)
+        for received in hooks.response_received:
+            received.response_received(request, response, endpoint)
+        for complete in hooks.response_complete:
+            complete.response_complete(request, response, endpoint)
+
+
+def explain(config: LoadedConfig, request: InferenceRequest, endpoints: list[Endpoint]) -> Explanation:
+    trace = ScheduleTrace()
+    try:
+        result: SchedulingResult | None = config.scheduler.schedule(request, endpoints, trace=trace)
+    except SchedulingError:
+        result = None  # the trace holds the error
+    return Explanation(trace, result)
+
+
+def render(explanation: Explanation, console: Console) -> None:
+    trace = explanation.trace
+    for p in trace.profiles:
+        console.rule(f"profile [bold]{p.name}[/bold]")
+        console.print(f"candidates: {', '.join(p.candidates)}")
+        for f in p.filters:
+            console.print(f"filter {f.plugin}: kept {', '.join(f.kept) or 'none'}")
+        names = list(p.totals) or (p.filters[-1].kept if p.filters else p.candidates)
+        if p.scorers or p.totals:
+            table = Table(show_edge=False)
+            table.add_column("endpoint")
+            for s in p.scorers:
+                table.add_column(f"{_short(s.plugin)}\n×{s.weight:g}", justify="right")
+            table.add_column("total", justify="right", style="bold")
+            for name in names:
+                mark = " ◀" if name in p.targets else ""
+                row = [name + mark, *(f"{s.scores.get(name, 0.0):.3f}" for s in p.scorers)]
+                row.append(f"{p.totals.get(name, 0.0):.3f}")
+                table.add_row(*row)
+            console.print(table)
+        if p.picker:
+            console.print(f"picker {p.picker}: {', '.join(p.targets) or 'none'}")
+        if p.error:
+            console.print(f"[red]error: {p.error}[/red]")
+    if trace.error is not None:
+        console.print(f"[bold red]scheduling failed:[/bold red] {trace.error}")
+        return
+    targets = ", ".join(trace.targets)
+    console.print(f"[bold]primary profile:[/bold] {trace.primary_profile}   [bold]targets:[/bold] {targets}")
+    result = explanation.result
+    if result is not None:
+        for name, r in result.profile_results.items():
+            if name != result.primary_profile and r is not None:
+                console.print(f"also {name}: {', '.join(ep.name for ep in r.targets)}")
+        for name, r in result.shadow_results.items():
+            shown = ", ".join(ep.name for ep in r.targets) if r is not None else "failed"
+            console.print(f"shadow {name} (reported only): {shown}")
+
+
+def _short(typed_name: str) -> str:
+    """`name/type` shown as `name` when the two are equal."""
+    name, _, type_ = typed_name.partition("/")
+    return name if name == type_ else typed_name
+
+
+def dumps(explanation: Explanation) -> str:
+    return json.dumps(explanation.to_json(), indent=2, sort_keys=False)

@@ -1,0 +1,159 @@
+"""`epick`: check configs, explain decisions, list plugins, run the demo."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from epick import __version__
+from epick.cli.explain import dumps, explain, render, replay_history
+from epick.cli.inputs import (
+    InputError,
+    kind_from_path,
+    parse_headers,
+    parse_request,
+    read_endpoints,
+    read_history,
+    read_json,
+)
+from epick.config import ConfigError, LoadedConfig, load_config_file, load_default_config
+from epick.config.entrypoints import default_registry
+
+EXIT_OK = 0
+EXIT_SCHEDULING_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+def _load(path: str | None, seed: int | None) -> LoadedConfig:
+    return load_default_config(seed=seed) if path is None else load_config_file(path, seed=seed)
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    failed = False
+    for path in args.files:
+        try:
+            config = load_config_file(path)
+        except ConfigError as e:
+            for issue in e.issues:
+                print(issue.render(e.source), file=sys.stderr)
+            failed = True
+            continue
+        print(f"{path}: ok")
+        for line in config.summary():
+            print(f"  {line}")
+        for warning in config.warnings:
+            print(f"  warning: {warning}")
+    return EXIT_BAD_INPUT if failed else EXIT_OK
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    try:
+        config = _load(args.config, args.seed)
+        endpoints = read_endpoints(args.endpoints)
+        kind = kind_from_path(args.path)
+        headers = parse_headers(args.header)
+        request = parse_request(read_json(args.request), args.request, kind=kind, headers=headers)
+        history = read_history(args.history, endpoints, kind) if args.history else []
+    except ConfigError as e:
+        for issue in e.issues:
+            print(issue.render(e.source), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    replay_history(config, history)
+    explanation = explain(config, request, endpoints)
+    if args.json:
+        print(dumps(explanation))
+    else:
+        render(explanation, Console(highlight=False))
+    return EXIT_OK if explanation.result is not None else EXIT_SCHEDULING_FAILED
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    registry, failures = default_registry()
+    for spec in registry:
+        params = ", ".join(f.alias or n for n, f in spec.parameters.model_fields.items()) or "-"
+        print(f"{spec.type:32} {spec.summary}  [parameters: {params}]")
+    for failure in failures:
+        print(f"warning: {failure}", file=sys.stderr)
+    return EXIT_OK
+
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "explain"
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Explain one decision per shipped config on the shipped endpoint state and history."""
+    root = Path(args.examples)
+    configs = Path(args.configs)
+    console = Console(highlight=False)
+    status = EXIT_OK
+    for name in ("default", "lora", "pd", "shadow"):
+        console.rule(f"[bold]config/{name}.yaml[/bold]", style="cyan")
+        ns = argparse.Namespace(
+            config=str(configs / f"{name}.yaml"),
+            endpoints=str(root / "endpoints.json"),
+            request=str(root / f"request-{name}.json"),
+            history=str(root / "history.json"),
+            path=None,
+            header=[],
+            json=False,
+            seed=0,
+        )
+        status = max(status, cmd_explain(ns))
+    return status
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="epick", description="An inference-aware endpoint picker for LLM serving."
+    )
+    parser.add_argument("--version", action="version", version=f"epick {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    check = sub.add_parser("check-config", help="validate EndpointPickerConfig files")
+    check.add_argument("files", nargs="+", metavar="FILE")
+    check.set_defaults(func=cmd_check_config)
+
+    ex = sub.add_parser("explain", help="show every step of one scheduling decision")
+    ex.add_argument(
+        "--config", metavar="FILE", help="EndpointPickerConfig (default: the built-in default config)"
+    )
+    ex.add_argument(
+        "--endpoints", metavar="STATE.json", required=True, help="endpoints with labels and metrics"
+    )
+    ex.add_argument("--request", metavar="REQ.json", required=True, help="an OpenAI request body")
+    ex.add_argument(
+        "--history", metavar="HIST.json", help="past requests and where they went, replayed first"
+    )
+    ex.add_argument("--path", help="request path: /v1/completions or /v1/chat/completions (default: by body)")
+    ex.add_argument(
+        "--header", action="append", default=[], metavar="K:V", help="a request header (repeatable)"
+    )
+    ex.add_argument("--json", action="store_true", help="print one JSON object")
+    ex.add_argument("--seed", type=int, default=0, help="seed for random tie-breaks and random pickers")
+    ex.set_defaults(func=cmd_explain)
+
+    plugins = sub.add_parser("plugins", help="list the registered plugin types")
+    plugins.set_defaults(func=cmd_plugins)
+
+    demo = sub.add_parser("demo", help="explain decisions of the shipped configs on example endpoints")
+    demo.add_argument("--examples", default=str(EXAMPLES), help=argparse.SUPPRESS)
+    demo.add_argument("--configs", default=str(EXAMPLES.parents[1] / "config"), help=argparse.SUPPRESS)
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
