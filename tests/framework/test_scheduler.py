@@ -75,7 +75,7 @@ def test_iterative_pick_runs_profiles_in_order_and_shows_earlier_results() -> No
 
     first = make_profile("first", filters=[Recorder("f1", keep={"a"})])
     second = make_profile("second", filters=[Recorder("f2", keep={"b"})])
-    third = make_profile("third", filters=[Recorder("f3")])
+    third = make_profile("third", filters=[Recorder("f3", keep={"a"})])
     handler = ScriptedHandler(["second", "first", "third"], primary="first")
     result = make_scheduler(first, second, third, handler=handler).schedule(make_request(), eps)
     assert order == ["f2", "f1", "f3"]  # sequential, in the order the handler returned them

@@ -47,7 +47,7 @@ class SchedulerProfile:
         """One scheduling cycle of this profile over `endpoints`; raises `SchedulingError`."""
         survivors = self._filter(request, cycle_state, endpoints, trace)
         totals = self._score(request, cycle_state, survivors, trace)
-        scored = [ScoredEndpoint(ep, total) for ep, total in zip(survivors, totals, strict=True)]
+        scored = list(map(ScoredEndpoint._make, zip(survivors, totals, strict=True)))
         result = self.picker.pick(request, cycle_state, scored)
         if trace is not None:
             trace.picker = str(self.picker.typed_name)
@@ -58,8 +58,7 @@ class SchedulerProfile:
                 profile=self.name,
                 plugin=str(self.picker.typed_name),
             )
-        allowed = {id(ep) for ep in survivors}
-        if any(id(ep) not in allowed for ep in result.targets):
+        if not all(ep in survivors for ep in result.targets):  # identity: endpoints compare by id
             raise SchedulingError(
                 f"profile {self.name!r}: picker {self.picker.typed_name} chose an endpoint it was not given",
                 profile=self.name,
@@ -79,8 +78,8 @@ class SchedulerProfile:
             kept = f.filter(request, cycle_state, current)
             if trace is not None:
                 trace.filters.append(FilterStep(str(f.typed_name), [ep.name for ep in kept]))
-            allowed = {id(ep) for ep in current}
-            if any(id(ep) not in allowed for ep in kept):
+            allowed = set(map(id, current))
+            if not allowed.issuperset(map(id, kept)):
                 raise SchedulingError(
                     f"profile {self.name!r}: filter {f.typed_name} returned an endpoint it was not given",
                     profile=self.name,
@@ -112,10 +111,10 @@ class SchedulerProfile:
                     profile=self.name,
                     plugin=str(ws.scorer.typed_name),
                 )
-            clamped = [_clamp(s) for s in raw]
+            # Clamp to [0, 1]; NaN fails both comparisons and becomes 0.
+            clamped = [1.0 if s > 1.0 else (s if s >= 0.0 else 0.0) for s in raw]
             weight = ws.weight
-            for i, s in enumerate(clamped):
-                totals[i] += weight * s
+            totals = [t + weight * s for t, s in zip(totals, clamped, strict=True)]
             if trace is not None:
                 trace.scorers.append(
                     ScorerStep(
@@ -127,11 +126,3 @@ class SchedulerProfile:
         if trace is not None:
             trace.totals = {ep.name: t for ep, t in zip(endpoints, totals, strict=True)}
         return totals
-
-
-def _clamp(score: float) -> float:
-    if score > 1.0:
-        return 1.0
-    if score >= 0.0:
-        return float(score)
-    return 0.0  # negative or NaN

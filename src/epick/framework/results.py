@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from epick.framework.endpoint import Endpoint
 
 
-@dataclass(frozen=True, slots=True)
-class ScoredEndpoint:
+class ScoredEndpoint(NamedTuple):
     """An endpoint with its weighted total score in the current profile run."""
 
     endpoint: Endpoint

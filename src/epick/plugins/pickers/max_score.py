@@ -1,6 +1,8 @@
 """`max-score-picker`: the highest totals win; ties are broken at random.
 
-Shuffle, then a stable sort by total descending, then the first `maxNumOfEndpoints`.
+The Go EPP shuffles, sorts stably by total descending and takes the first `maxNumOfEndpoints`.
+Sorting by (total descending, a random key) orders ties just as uniformly, and for one target a
+single pass (the maximum, then a random one of its ties) does the same without sorting at all.
 """
 
 from __future__ import annotations
@@ -28,10 +30,16 @@ class MaxScorePicker(NamedPlugin):
     def pick(
         self, request: InferenceRequest, cycle_state: CycleState, scored: Sequence[ScoredEndpoint]
     ) -> ProfileRunResult:
-        order = list(scored)
-        self._rng.shuffle(order)
-        order.sort(key=lambda s: s.score, reverse=True)
-        return ProfileRunResult(tuple(s.endpoint for s in order[: self.max_num_of_endpoints]))
+        if not scored:
+            return ProfileRunResult(())
+        k = self.max_num_of_endpoints
+        if k == 1:
+            best = max(s.score for s in scored)
+            ties = [s.endpoint for s in scored if s.score == best]
+            return ProfileRunResult((ties[self._rng.randrange(len(ties))] if len(ties) > 1 else ties[0],))
+        tiebreak = self._rng.random
+        order = sorted(scored, key=lambda s: (-s.score, tiebreak()))
+        return ProfileRunResult(tuple(s.endpoint for s in order[:k]))
 
 
 def _factory(name: str, params: PickerParameters, handle: Handle) -> MaxScorePicker:

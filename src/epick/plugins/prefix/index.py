@@ -5,8 +5,9 @@ Built only from the router's own decisions (no feedback from the servers), hence
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
+from itertools import chain
 
 
 class PrefixIndex:
@@ -44,15 +45,16 @@ class PrefixIndex:
         As the Go EPP counts: an endpoint gains one for every block it holds before the first block
         no endpoint holds (not necessarily a contiguous run of its own).
         """
-        matched: dict[str, int] = {}
         holders = self._holders
+        found = []
         for h in hashes:
             holder = holders.get(h)
             if not holder:
                 break
-            for name in holder:
-                matched[name] = matched.get(name, 0) + 1
-        return matched
+            found.append(holder)
+        counts: Counter[str] = Counter()
+        counts.update(chain.from_iterable(found))
+        return counts
 
     def remove_endpoint(self, endpoint: str) -> None:
         lru = self._lru.pop(endpoint, None)

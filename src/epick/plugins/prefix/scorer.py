@@ -10,8 +10,8 @@ while scoring is left in the cycle state (`PrefixMatch`) for deciders such as
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from pydantic import Field
 
@@ -45,7 +45,8 @@ class PrefixMatch:
 
     total_blocks: int
     block_size_tokens: int
-    matched: dict[str, int]
+    matched: Mapping[str, int]
+    hashes: list[int] = field(default_factory=list, repr=False)
 
     def cached_tokens(self, endpoint: str) -> int:
         return self.matched.get(endpoint, 0) * self.block_size_tokens
@@ -65,54 +66,56 @@ class PrefixCacheScorer(NamedPlugin):
         self.block_size_tokens = block_size_tokens
         self.max_blocks = max_prefix_blocks_to_match
         self.index = PrefixIndex(lru_capacity_per_server)
-        self._recent: OrderedDict[str, list[int]] = OrderedDict()
+        self._recent: OrderedDict[str, PrefixMatch] = OrderedDict()
         # Requests scored, and blocks matched on the chosen endpoint, for a hit ratio.
         self.lookups = 0
         self.lookup_blocks = 0
         self.hit_blocks = 0
 
     def hashes(self, request: InferenceRequest) -> list[int]:
-        cached = self._recent.get(request.request_id)
-        if cached is not None:
-            return cached
-        hashes = prompt_block_hashes(
+        return prompt_block_hashes(
             request.body.prefix_text,
             request.target_model,
             block_size_tokens=self.block_size_tokens,
             max_blocks=self.max_blocks,
             cache_salt=request.body.cache_salt,
         )
-        self._recent[request.request_id] = hashes
-        if len(self._recent) > _REMEMBERED_REQUESTS:
-            self._recent.popitem(last=False)
-        return hashes
+
+    def _match(self, request: InferenceRequest) -> PrefixMatch:
+        # Computed once per request: a scorer in two profiles, and PreRequest, reuse it.
+        found = self._recent.get(request.request_id)
+        if found is None:
+            hashes = self.hashes(request)
+            found = PrefixMatch(len(hashes), self.block_size_tokens, self.index.match(hashes), hashes)
+            self._recent[request.request_id] = found
+            if len(self._recent) > _REMEMBERED_REQUESTS:
+                self._recent.popitem(last=False)
+        return found
 
     def score(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
     ) -> list[float]:
-        hashes = self.hashes(request)
-        total = len(hashes)
-        matched = self.index.match(hashes) if total else {}
-        cycle_state.write(state_key(self), PrefixMatch(total, self.block_size_tokens, matched))
+        match = self._match(request)
+        cycle_state.write(state_key(self), match)
+        matched = match.matched
         if not matched:
             return [0.0] * len(endpoints)
+        total = match.total_blocks
         return [matched.get(ep.name, 0) / total for ep in endpoints]
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
-        hashes = self._recent.pop(request.request_id, None)
-        if hashes is None:
-            hashes = self.hashes(request)
-            self._recent.pop(request.request_id, None)
-        if not hashes:
+        match = self._recent.pop(request.request_id, None) or self._match(request)
+        self._recent.pop(request.request_id, None)
+        if not match.hashes:
             return
         primary = result.profile_results.get(result.primary_profile)
         if primary is not None and primary.targets:
             self.lookups += 1
-            self.lookup_blocks += len(hashes)
-            self.hit_blocks += self.index.match(hashes).get(primary.targets[0].name, 0)
+            self.lookup_blocks += match.total_blocks
+            self.hit_blocks += match.matched.get(primary.targets[0].name, 0)
         for r in result.profile_results.values():
             if r is not None and r.targets:
-                self.index.add(r.targets[0].name, hashes)
+                self.index.add(r.targets[0].name, match.hashes)
 
     @property
     def hit_ratio(self) -> float:

@@ -1,0 +1,126 @@
+"""schedule() latency and decisions/s: the default config beside a random-picker-only baseline.
+
+For 8, 64, 256 and 1024 endpoints and prompts of 1k, 8k and 32k tokens (characters / 4), each
+config schedules a stream of requests from 32 shared-prefix groups over endpoints with random
+metrics; after each decision the PreRequest hooks run (as in the service), so the prefix index grows
+as it would in production. Only `schedule()` is timed. Run: `make bench` (or with --quick).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+from epick.config import LoadedConfig, load_config_text, load_default_config
+from epick.framework import Endpoint, InferenceRequest, Metrics
+
+RANDOM_ONLY = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: random-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: random-picker
+"""
+
+GROUPS = 32
+WORDS = ["alpha", "beta", "gamma", "delta", "kv", "cache", "prefix", "token", "batch", "decode", "prefill"]
+
+
+def endpoints(n: int, rng: random.Random) -> list[Endpoint]:
+    return [
+        Endpoint(
+            f"pod-{i}",
+            f"10.0.{i // 256}.{i % 256}",
+            8000,
+            {},
+            Metrics(
+                waiting_queue_size=rng.randint(0, 10),
+                running_requests_size=rng.randint(0, 64),
+                kv_cache_usage_percent=rng.random(),
+            ),
+        )
+        for i in range(n)
+    ]
+
+
+def prompts(tokens: int, count: int, rng: random.Random) -> list[InferenceRequest]:
+    chars = tokens * 4
+    systems = []
+    for _ in range(GROUPS):
+        text = " ".join(rng.choice(WORDS) for _ in range(chars // 5))
+        systems.append(text[: int(chars * 0.75)])
+    out = []
+    for i in range(count):
+        system = systems[rng.randrange(GROUPS)]
+        question = " ".join(rng.choice(WORDS) for _ in range((chars - len(system)) // 5 + 1))
+        prompt = (system + question)[:chars]
+        out.append(InferenceRequest.from_openai({"model": "llama", "prompt": prompt}, request_id=f"r{i}"))
+    return out
+
+
+def measure(
+    config: LoadedConfig, eps: list[Endpoint], requests: list[InferenceRequest]
+) -> tuple[float, float, float]:
+    scheduler = config.scheduler
+    hooks = config.hooks.pre_request
+    latencies = []
+    clock = time.perf_counter
+    for request in requests:
+        start = clock()
+        result = scheduler.schedule(request, eps)
+        latencies.append(clock() - start)
+        for hook in hooks:
+            hook.pre_request(request, result)
+    latencies.sort()
+    p50 = latencies[len(latencies) // 2]
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    return p50, p99, len(latencies) / sum(latencies)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer requests per cell")
+    parser.add_argument("--endpoints", default="8,64,256,1024")
+    parser.add_argument("--tokens", default="1000,8000,32000")
+    args = parser.parse_args()
+    console = Console()
+    table = Table(title="schedule() latency, one core (ms); ratio = default / random-only")
+    for col in ("endpoints", "prompt tokens", "config", "p50 ms", "p99 ms", "decisions/s", "p50 ratio"):
+        table.add_column(col, justify="right")
+    rng = random.Random(42)
+    for n in (int(x) for x in args.endpoints.split(",")):
+        eps = endpoints(n, rng)
+        for tokens in (int(x) for x in args.tokens.split(",")):
+            count = max(50, (400 if args.quick else 2000) * 64 // max(n, 64))
+            requests = prompts(tokens, count + 50, rng)
+            cells = {}
+            for label, config in (
+                ("random-only", load_config_text(RANDOM_ONLY, seed=1)),
+                ("default", load_default_config(seed=1)),
+            ):
+                measure(config, eps, requests[:50])  # warm up: caches, index
+                cells[label] = measure(config, eps, requests[50:])
+            base = cells["random-only"][0]
+            for label, (p50, p99, rate) in cells.items():
+                table.add_row(
+                    str(n),
+                    str(tokens),
+                    label,
+                    f"{p50 * 1e3:.3f}",
+                    f"{p99 * 1e3:.3f}",
+                    f"{rate:,.0f}",
+                    f"{p50 / base:.1f}x",
+                )
+        table.add_section()
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()
