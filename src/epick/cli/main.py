@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 
 from epick import __version__
+from epick.cli import sim_server
 from epick.cli.explain import dumps, explain, render, replay_history
 from epick.cli.inputs import (
     InputError,
@@ -141,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     plugins = sub.add_parser("plugins", help="list the registered plugin types")
     plugins.set_defaults(func=cmd_plugins)
+
+    sim_server.add_parser(sub)
 
     demo = sub.add_parser("demo", help="explain decisions of the shipped configs on example endpoints")
     demo.add_argument("--examples", default=str(EXAMPLES), help=argparse.SUPPRESS)

@@ -1,0 +1,102 @@
+"""`epick sim-server`: simulated vLLM servers, no GPU needed."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+
+import uvloop
+
+from epick.sim.errors import FAILURE_TYPES
+from epick.sim.options import ServerOptions
+from epick.sim.server import SimServer, serve
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("sim-server", help="run simulated vLLM-compatible model servers")
+    p.add_argument("--model", default="sim-model", help="served model name")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="first port (server i listens on PORT + i)")
+    p.add_argument("--count", type=int, default=1, help="independent servers in this process")
+    p.add_argument("--time-scale", type=float, default=1.0, help="simulated seconds per wall second")
+    p.add_argument("--role", choices=["both", "prefill", "decode"], default="both")
+    p.add_argument("--name", help="identity in the x-epick-sim-server header (default host:port)")
+    p.add_argument(
+        "--lora-modules", nargs="*", default=[], metavar="NAME=PATH", help="adapters loaded at start"
+    )
+    p.add_argument("--max-loras", type=int, default=None, help="LoRA slots (default 1)")
+    p.add_argument("--kv-events-endpoint", help="publish KV events on tcp://HOST:PORT (server i: PORT + i)")
+    p.add_argument("--failure-rate", type=float, default=0.0, help="share of requests answered with an error")
+    p.add_argument(
+        "--failure-types",
+        default="rate_limit,server_error",
+        help=f"comma-separated, from: {','.join(FAILURE_TYPES)}",
+    )
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--num-gpu-blocks", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--no-enable-prefix-caching", action="store_true")
+    p.add_argument(
+        "--default-max-tokens", type=int, default=128, help="output length when max_tokens is unset"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed for failure injection")
+    p.set_defaults(func=run)
+
+
+def options_from(args: argparse.Namespace) -> ServerOptions:
+    failure_types = tuple(t.strip() for t in args.failure_types.split(",") if t.strip())
+    unknown = [t for t in failure_types if t not in FAILURE_TYPES]
+    if unknown:
+        raise SystemExit(
+            f"epick sim-server: unknown --failure-types {unknown}; choose from {', '.join(FAILURE_TYPES)}"
+        )
+    if not 0.0 <= args.failure_rate <= 1.0:
+        raise SystemExit("epick sim-server: --failure-rate must be between 0 and 1")
+    if args.time_scale <= 0 or args.count < 1:
+        raise SystemExit("epick sim-server: --time-scale must be > 0 and --count >= 1")
+    engine = ServerOptions.engine_config(
+        num_gpu_blocks=args.num_gpu_blocks,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_loras=args.max_loras,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=not args.no_enable_prefix_caching,
+    )
+    return ServerOptions(
+        model=args.model,
+        host=args.host,
+        port=args.port,
+        count=args.count,
+        time_scale=args.time_scale,
+        role=args.role,
+        name=args.name,
+        lora_modules=tuple(args.lora_modules),
+        kv_events_endpoint=args.kv_events_endpoint,
+        failure_rate=args.failure_rate,
+        failure_types=failure_types or ("rate_limit", "server_error"),
+        default_max_tokens=args.default_max_tokens,
+        seed=args.seed,
+        engine=engine,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    options = options_from(args)
+
+    def ready(servers: list[SimServer]) -> None:
+        for s in servers:
+            print(
+                f"sim-server {s.name} serving {options.model!r} at {s.url} (role {options.role})", flush=True
+            )
+
+    with contextlib.suppress(KeyboardInterrupt):
+        try:
+            uvloop.run(serve(options, ready=ready))
+        except OSError as e:
+            print(f"epick sim-server: cannot listen: {e}", file=sys.stderr)
+            return 2
+    return 0

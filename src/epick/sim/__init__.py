@@ -1,0 +1,1 @@
+"""A vLLM-compatible model-server simulator: an engine model in `engine`, a server in `server`."""

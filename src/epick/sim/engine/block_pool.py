@@ -1,0 +1,120 @@
+"""KV-cache blocks: reference counts, an LRU queue of free blocks, and the hash → block map.
+
+Invariants: a block is in the free queue iff its ref count is 0; a block with a hash is the one the
+map points to for that hash; a freed block keeps its hash (its contents stay reusable) until it is
+evicted, least recently freed first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStored:
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    block_hashes: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    pass
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.ref_count = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.cached: dict[int, int] = {}  # block hash -> block id
+        self.events: list[KVEvent] = []
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    def usage(self) -> float:
+        """Share of blocks in use by requests (cached free blocks count as free, as in vLLM)."""
+        return 1.0 - len(self.free) / self.num_blocks
+
+    def lookup(self, block_hash: int) -> int | None:
+        return self.cached.get(block_hash)
+
+    def touch(self, block_id: int) -> None:
+        """Take a reference on a (possibly free, cached) block."""
+        if self.ref_count[block_id] == 0:
+            del self.free[block_id]
+        self.ref_count[block_id] += 1
+
+    def allocate(self, n: int) -> list[int]:
+        """n new blocks, evicting the least recently freed; the caller checked `num_free`."""
+        out = []
+        removed = []
+        for _ in range(n):
+            block_id, _ = self.free.popitem(last=False)
+            old = self.block_hash[block_id]
+            if old is not None:
+                del self.cached[old]
+                self.block_hash[block_id] = None
+                removed.append(old)
+            self.ref_count[block_id] = 1
+            out.append(block_id)
+        if removed:
+            self.events.append(BlockRemoved(removed))
+        return out
+
+    def release(self, block_ids: list[int]) -> None:
+        """Drop one reference on each block, in order; blocks reaching 0 join the free queue's tail."""
+        for block_id in block_ids:
+            self.ref_count[block_id] -= 1
+            if self.ref_count[block_id] == 0:
+                self.free[block_id] = None
+
+    def cache_full_block(
+        self, block_id: int, block_hash: int, parent: int | None, token_ids: list[int], lora_id: int | None
+    ) -> None:
+        if self.block_hash[block_id] is not None or block_hash in self.cached:
+            return  # already cached (here or in an identical block)
+        self.block_hash[block_id] = block_hash
+        self.cached[block_hash] = block_id
+        last = self.events[-1] if self.events else None
+        if (
+            isinstance(last, BlockStored)
+            and last.lora_id == lora_id
+            and last.block_hashes
+            and last.block_hashes[-1] == parent
+        ):
+            # Extend the previous event of this chain, as vLLM batches a request's new blocks.
+            last.block_hashes.append(block_hash)
+            last.token_ids.extend(token_ids)
+            return
+        self.events.append(BlockStored([block_hash], parent, list(token_ids), self.block_size, lora_id))
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash (vLLM's reset); refused while blocks are in use."""
+        if len(self.free) != self.num_blocks:
+            return False
+        self.cached.clear()
+        self.block_hash = [None] * self.num_blocks
+        self.events.append(AllBlocksCleared())
+        return True
+
+    def drain_events(self) -> list[KVEvent]:
+        events, self.events = self.events, []
+        return events

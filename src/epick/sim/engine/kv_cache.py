@@ -1,0 +1,93 @@
+"""Blocks per request and automatic prefix caching, over a `BlockPool`.
+
+A full block's hash covers its tokens, its parent block's hash and the request's LoRA adapter, so
+equal hashes mean equal prefixes. Only full blocks are cached. When a whole prompt is cached, its
+last block is recomputed anyway (a step needs at least one token to produce the next), as in vLLM.
+"""
+
+from __future__ import annotations
+
+from epick.sim.engine.block_pool import BlockPool
+from epick.sim.engine.request import SimRequest
+
+_MASK = (1 << 64) - 1
+
+
+def block_hash(parent: int | None, tokens: tuple[int, ...], lora_id: int | None) -> int:
+    # Python's tuple-of-int hash is deterministic across processes (no hash randomisation for ints).
+    return hash((parent, lora_id, tokens)) & _MASK
+
+
+class KVCacheManager:
+    def __init__(self, pool: BlockPool, enable_prefix_caching: bool = True) -> None:
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.enable_prefix_caching = enable_prefix_caching
+
+    def _extend_hashes(self, req: SimRequest, upto_tokens: int) -> None:
+        bs = self.block_size
+        hashes = req.block_hashes
+        while (len(hashes) + 1) * bs <= upto_tokens:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else None
+            hashes.append(block_hash(parent, tuple(req.tokens(i * bs, (i + 1) * bs)), req.lora_id))
+
+    def computed_blocks(self, req: SimRequest) -> list[int]:
+        """The cached blocks that hold a prefix of this request's tokens (none when caching is off)."""
+        if not self.enable_prefix_caching:
+            return []
+        # At least the last token is always computed: cap the hit below the full length.
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        self._extend_hashes(req, max_blocks * self.block_size)
+        found = []
+        for h in req.block_hashes[:max_blocks]:
+            block_id = self.pool.lookup(h)
+            if block_id is None:
+                break
+            found.append(block_id)
+        return found
+
+    def allocate(self, req: SimRequest, num_new_tokens: int, computed: list[int] | None = None) -> bool:
+        """Give `req` blocks for `num_new_tokens` more tokens (after `computed` cached blocks).
+
+        Returns False, changing nothing, when the pool cannot supply them: the caller may preempt.
+        """
+        computed = computed or []
+        bs = self.block_size
+        total_tokens = req.num_computed_tokens + len(computed) * bs + num_new_tokens
+        needed = -(-total_tokens // bs) - len(req.block_ids) - len(computed)
+        # Cached blocks about to be touched are free now but will not be once touched.
+        reusable_free = sum(1 for b in computed if self.pool.ref_count[b] == 0)
+        if needed > self.pool.num_free - reusable_free:
+            return False
+        for b in computed:
+            self.pool.touch(b)
+        req.block_ids.extend(computed)
+        if needed > 0:
+            req.block_ids.extend(self.pool.allocate(needed))
+        return True
+
+    def cache_full_blocks(self, req: SimRequest, num_computed_tokens: int) -> None:
+        """Register the blocks that are full once `num_computed_tokens` of `req` are computed."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        full = num_computed_tokens // bs
+        self._extend_hashes(req, full * bs)
+        pool = self.pool
+        hashes = req.block_hashes
+        start = req.num_registered_blocks
+        if full > start:
+            req.num_registered_blocks = full
+        for i in range(start, full):
+            block_id = req.block_ids[i]
+            if pool.block_hash[block_id] == hashes[i]:
+                continue
+            parent = hashes[i - 1] if i else None
+            pool.cache_full_block(block_id, hashes[i], parent, req.tokens(i * bs, (i + 1) * bs), req.lora_id)
+
+    def free(self, req: SimRequest) -> None:
+        # Tail blocks first, so a request's later blocks are evicted before its prefix (as vLLM).
+        self.pool.release(req.block_ids[::-1])
+        req.block_ids = []
+        req.num_registered_blocks = 0

@@ -1,0 +1,191 @@
+"""The server's /metrics, with vLLM's metric names and labels, one registry per simulated server."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from epick.sim.engine import Engine
+
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+
+
+# vLLM's /metrics has no `_created` series; neither do ours.
+prometheus_client.disable_created_metrics()
+
+
+class _EngineState(Collector):
+    """Gauges read from the engine at scrape time."""
+
+    def __init__(self, engine: Engine, model: str) -> None:
+        self.engine = engine
+        self.model = model
+
+    def collect(self) -> Iterator[Metric]:
+        e = self.engine
+        labels = ["model_name"]
+        for name, doc, value in (
+            ("vllm:num_requests_running", "Number of requests in model execution batches.", e.num_running),
+            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", e.num_waiting),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", e.kv_usage),
+            ("vllm:gpu_cache_usage_perc", "GPU KV-cache usage (older name).", e.kv_usage),
+            ("vllm:num_preemptions", "Cumulative number of preemptions.", e.num_preemptions),
+        ):
+            g = GaugeMetricFamily(name, doc, labels=labels)
+            g.add_metric([self.model], float(value))
+            yield g
+        lora = GaugeMetricFamily(
+            "vllm:lora_requests_info",
+            "Running stats on LoRA requests.",
+            labels=["model_name", "max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+        )
+        lora.add_metric(
+            [self.model, str(e.config.max_loras), ",".join(e.running_loras()), ",".join(e.waiting_loras())],
+            time.time(),
+        )
+        yield lora
+        cache = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig.",
+            labels=["model_name", "block_size", "num_gpu_blocks", "enable_prefix_caching"],
+        )
+        cache.add_metric(
+            [
+                self.model,
+                str(e.config.block_size),
+                str(e.config.num_gpu_blocks),
+                str(e.config.enable_prefix_caching),
+            ],
+            1.0,
+        )
+        yield cache
+
+
+class ServerMetrics:
+    def __init__(self, engine: Engine, model: str) -> None:
+        self.model = model
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(_EngineState(engine, model))
+        r = self.registry
+        labels = ["model_name"]
+        self.prefix_queries = Counter(
+            "vllm:prefix_cache_queries", "Prefix-cache queries, in tokens.", labels, registry=r
+        ).labels(model)
+        self.prefix_hits = Counter(
+            "vllm:prefix_cache_hits", "Prefix-cache hits, in tokens.", labels, registry=r
+        ).labels(model)
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Prefill tokens processed.", labels, registry=r
+        ).labels(model)
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Generation tokens processed.", labels, registry=r
+        ).labels(model)
+        self._success = Counter(
+            "vllm:request_success",
+            "Successfully processed requests.",
+            [*labels, "finished_reason"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token.",
+            labels,
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        ).labels(model)
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Time between tokens.",
+            labels,
+            buckets=ITL_BUCKETS,
+            registry=r,
+        ).labels(model)
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "End-to-end request latency.",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        ).labels(model)
+        self.queue_time = Histogram(
+            "vllm:request_queue_time_seconds",
+            "Time spent waiting.",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        ).labels(model)
+
+    def success(self, finished_reason: str) -> None:
+        self._success.labels(self.model, finished_reason).inc()

@@ -1,0 +1,492 @@
+"""One simulated vLLM server: an engine driven in real time behind vLLM's OpenAI-compatible API.
+
+The engine steps on the event loop: each step's simulated duration is slept (divided by
+`time_scale`), then its tokens are handed to the waiting responses. Times in metrics and
+histograms are simulated seconds, what the modelled GPU server would report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from epick.sim import errors, tokenizer
+from epick.sim.engine import Engine, RequestOutput, SimRequest, StepResult
+from epick.sim.errors import APIError
+from epick.sim.kv_events import KVEventPublisher
+from epick.sim.metrics import ServerMetrics
+from epick.sim.options import ServerOptions
+
+IDENTITY_HEADER = "x-epick-sim-server"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A request's channel from the engine loop to its HTTP response."""
+
+    request: SimRequest
+    queue: asyncio.Queue[RequestOutput] = field(default_factory=asyncio.Queue)
+
+
+class SimServer:
+    def __init__(self, options: ServerOptions, index: int = 0) -> None:
+        self.options = options
+        self.port = options.port + index if options.port else 0
+        self.name = f"{options.name}-{index}" if options.name and options.count > 1 else options.name
+        self.engine = Engine(options.engine)
+        self.metrics = ServerMetrics(self.engine, options.model)
+        self.loras: dict[str, int] = {}
+        for module in options.lora_modules:
+            lora_name, _, _path = module.partition("=")
+            self._add_lora(lora_name)
+        self._rng = random.Random(options.seed * 1000 + index)
+        self._index = index
+        self._pending: dict[str, _Pending] = {}
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._runner: web.AppRunner | None = None
+        self._publisher: KVEventPublisher | None = None
+        self._t0_wall = 0.0
+        self._t0_sim = 0.0
+        self._last_prefix = (0, 0)
+
+    # Lifecycle.
+    async def start(self) -> None:
+        app = web.Application(middlewares=[self._identity], client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/v1/load_lora_adapter", self._load_lora)
+        app.router.add_post("/v1/unload_lora_adapter", self._unload_lora)
+        app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.options.host, self.port)
+        await site.start()
+        if self.port == 0:
+            self.port = int(self._runner.addresses[-1][1])
+        if self.name is None:
+            self.name = f"{self.options.host}:{self.port}"
+        if self.options.kv_events_endpoint:
+            endpoint = _offset_endpoint(self.options.kv_events_endpoint, self._index)
+            topic = f"kv@{self.options.host}:{self.port}@{self.options.model}"
+            self._publisher = KVEventPublisher(endpoint, topic)
+        loop = asyncio.get_running_loop()
+        self._t0_wall = loop.time()
+        self._loop_task = asyncio.create_task(self._run_engine(), name=f"engine {self.name}")
+
+    async def stop(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._publisher is not None:
+            self._publisher.close()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.options.host}:{self.port}"
+
+    # The engine loop.
+    def sim_now(self) -> float:
+        return self._t0_sim + (asyncio.get_running_loop().time() - self._t0_wall) * self.options.time_scale
+
+    async def _run_engine(self) -> None:
+        loop = asyncio.get_running_loop()
+        scale = self.options.time_scale
+        while True:
+            if not self.engine.has_work:
+                self._wake.clear()
+                await self._wake.wait()
+            result = self.engine.step(self.sim_now())
+            if result.num_scheduled == 0:
+                self._wake.clear()  # work that cannot run yet: wait for a change
+                await self._wake.wait()
+                continue
+            wake_at = self._t0_wall + (result.end - self._t0_sim) / scale
+            delay = wake_at - loop.time()
+            await asyncio.sleep(delay if delay > 0 else 0)
+            self._deliver(result)
+
+    def _deliver(self, result: StepResult) -> None:
+        m = self.metrics
+        queries, hits = self.engine.scheduler.prefix_queries, self.engine.scheduler.prefix_hits
+        m.prefix_queries.inc(queries - self._last_prefix[0])
+        m.prefix_hits.inc(hits - self._last_prefix[1])
+        self._last_prefix = (queries, hits)
+        for out in result.outputs:
+            req = out.request
+            if req.num_output_tokens == 1:
+                assert req.first_token_time is not None
+                m.ttft.observe(req.first_token_time - req.arrival_time)
+                m.queue_time.observe((req.first_scheduled_time or req.arrival_time) - req.arrival_time)
+                m.prompt_tokens.inc(req.num_prompt_tokens)
+            else:
+                m.itl.observe(result.duration)
+            m.generation_tokens.inc(len(out.new_token_ids))
+            if out.finished:
+                m.e2e.observe((req.finish_time or result.end) - req.arrival_time)
+                m.success(req.finish_reason.value if req.finish_reason else "length")
+            pending = self._pending.get(req.request_id)
+            if pending is not None:
+                pending.queue.put_nowait(out)
+        if self._publisher is not None and result.events:
+            self._publisher.publish(result.events)
+
+    # HTTP plumbing.
+    @web.middleware
+    async def _identity(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            response = await handler(request)
+        except APIError as e:
+            response = web.json_response(e.body(), status=e.status)
+        except web.HTTPException as e:
+            kind = "NotFoundError" if e.status == 404 else "BadRequestError"
+            body = {"error": {"message": e.reason, "type": kind, "param": None, "code": None}}
+            response = web.json_response(body, status=e.status)
+        if not response.prepared:
+            response.headers[IDENTITY_HEADER] = self.name or ""
+        return response
+
+    async def _read_json(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise errors.bad_request("the request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise errors.bad_request("the request body must be a JSON object")
+        return body
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def _models(self, request: web.Request) -> web.Response:
+        created = int(time.time())
+        base = self.options.model
+        max_len = self.options.engine.max_model_len
+        data = [_model_card(base, base, None, created, max_len)]
+        data += [_model_card(name, name, base, created, max_len) for name in self.loras]
+        return web.json_response({"object": "list", "data": data})
+
+    def _add_lora(self, name: str) -> None:
+        if not name:
+            raise errors.bad_request("lora_name is required", "lora_name")
+        self.loras[name] = len(self.loras) + 1 if name not in self.loras else self.loras[name]
+
+    async def _load_lora(self, request: web.Request) -> web.Response:
+        body = await self._read_json(request)
+        name = body.get("lora_name")
+        if not isinstance(name, str) or not name:
+            raise errors.bad_request("lora_name must be a non-empty string", "lora_name")
+        if self.options.engine.max_loras <= 0:
+            raise errors.bad_request("LoRA is not enabled on this server (max_loras is 0)")
+        if name in self.loras:
+            raise errors.bad_request(f"The lora adapter '{name}' has already been loaded.", "lora_name")
+        self._add_lora(name)
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def _unload_lora(self, request: web.Request) -> web.Response:
+        body = await self._read_json(request)
+        name = body.get("lora_name")
+        if not isinstance(name, str) or name not in self.loras:
+            raise APIError(
+                404, f"The lora adapter '{name}' cannot be found.", "NotFoundError", None, "lora_name"
+            )
+        del self.loras[name]
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
+    async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
+        if not self.engine.reset_prefix_cache():
+            raise errors.bad_request("the prefix cache cannot be reset while requests are running")
+        if self._publisher is not None:
+            self._publisher.publish(self.engine.pool.drain_events())
+        return web.Response(status=200)
+
+    # Inference.
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._read_json(request)
+        prompt = body.get("prompt")
+        if (
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        ):
+            tokens = [t % tokenizer.VOCAB_SIZE for t in prompt]
+        elif isinstance(prompt, str):
+            tokens = tokenizer.tokenize(prompt)
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            if len(prompt) > 1:
+                raise errors.bad_request("only one prompt per request is supported", "prompt")
+            tokens = tokenizer.tokenize(prompt[0])
+        else:
+            raise errors.bad_request("'prompt' must be a string or a list of token ids", "prompt")
+        return await self._generate(request, body, tokens, chat=False)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self._read_json(request)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise errors.bad_request("'messages' must be a non-empty list of objects", "messages")
+        return await self._generate(
+            request, body, tokenizer.tokenize(tokenizer.render_chat(messages)), chat=True
+        )
+
+    def _check(self, body: dict[str, Any]) -> tuple[str, str | None, int]:
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise errors.bad_request("'model' is required", "model")
+        if model != self.options.model and model not in self.loras:
+            raise errors.model_not_found(model)
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        if max_tokens is None:
+            max_tokens = self.options.default_max_tokens
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise errors.bad_request("'max_tokens' must be a positive integer", "max_tokens")
+        if self.options.failure_rate > 0 and self._rng.random() < self.options.failure_rate:
+            kind = self._rng.choice(self.options.failure_types)
+            raise errors.injected(kind, model, self.options.engine.max_model_len)
+        return model, model if model in self.loras else None, max_tokens
+
+    async def _generate(
+        self, http: web.Request, body: dict[str, Any], tokens: list[int], *, chat: bool
+    ) -> web.StreamResponse:
+        model, lora, max_tokens = self._check(body)
+        if not tokens:
+            raise errors.bad_request("the prompt is empty", "messages" if chat else "prompt")
+        max_len = self.options.engine.max_model_len
+        if len(tokens) + max_tokens > max_len:
+            raise errors.context_length(max_len, len(tokens), max_tokens)
+        stream = body.get("stream") is True
+        options = body.get("stream_options") or {}
+        include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
+        transfer = body.get("kv_transfer_params") or {}
+        remote_prefill = isinstance(transfer, dict) and bool(transfer.get("do_remote_prefill"))
+        role = self.options.role
+        if role == "prefill":
+            max_tokens = 1  # a prefill server stops after the first token; decode continues elsewhere
+        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        req = SimRequest(
+            request_id,
+            tokens,
+            max_tokens,
+            arrival_time=self.sim_now(),
+            lora=lora,
+            lora_id=self.loras.get(lora) if lora else None,
+            remote_prefill=remote_prefill and role != "prefill",
+            output_plan=tokenizer.output_plan(request_id, max_tokens),
+        )
+        try:
+            self.engine.add_request(req)
+        except ValueError as e:
+            raise errors.bad_request(str(e)) from None
+        pending = self._pending[request_id] = _Pending(req)
+        self._wake.set()
+        writer = _ChatWriter(model, request_id) if chat else _CompletionWriter(model, request_id)
+        try:
+            if stream:
+                return await self._stream(http, pending, writer, include_usage)
+            return await self._collect(pending, writer)
+        finally:
+            self._pending.pop(request_id, None)
+            if req.finish_time is None:
+                self.engine.abort(request_id, self.sim_now())
+
+    async def _next(self, pending: _Pending) -> RequestOutput:
+        return await pending.queue.get()
+
+    async def _collect(self, pending: _Pending, writer: _Writer) -> web.Response:
+        texts = []
+        while True:
+            out = await self._next(pending)
+            texts.append(tokenizer.decode(out.new_token_ids))
+            if out.finished:
+                break
+        body = writer.full("".join(texts), self._finish_reason(pending.request), self._usage(pending.request))
+        self._add_transfer_params(body, pending.request)
+        return web.json_response(body)
+
+    async def _stream(
+        self, http: web.Request, pending: _Pending, writer: _Writer, include_usage: bool
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        response.headers[IDENTITY_HEADER] = self.name or ""
+        await response.prepare(http)
+        for chunk in writer.opening():
+            await response.write(_sse(chunk))
+        while True:
+            out = await self._next(pending)
+            text = tokenizer.decode(out.new_token_ids)
+            finish = self._finish_reason(pending.request) if out.finished else None
+            chunk = writer.delta(text, finish)
+            if out.finished:
+                self._add_transfer_params(chunk, pending.request)
+            await response.write(_sse(chunk))
+            if out.finished:
+                break
+        if include_usage:
+            await response.write(_sse(writer.usage_chunk(self._usage(pending.request))))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    def _finish_reason(self, req: SimRequest) -> str:
+        return req.finish_reason.value if req.finish_reason else "length"
+
+    def _usage(self, req: SimRequest) -> dict[str, Any]:
+        cached = max(req.num_cached_tokens, 0)
+        return {
+            "prompt_tokens": req.num_prompt_tokens,
+            "completion_tokens": req.num_output_tokens,
+            "total_tokens": req.num_prompt_tokens + req.num_output_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+
+    def _add_transfer_params(self, body: dict[str, Any], req: SimRequest) -> None:
+        if self.options.role != "prefill":
+            return
+        body["kv_transfer_params"] = {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": self.name,
+            "remote_block_ids": list(range(-(-req.num_prompt_tokens // self.options.engine.block_size))),
+            "remote_host": self.options.host,
+            "remote_port": self.port,
+        }
+
+
+def _model_card(model_id: str, root: str, parent: str | None, created: int, max_len: int) -> dict[str, Any]:
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": root,
+        "parent": parent,
+        "max_model_len": max_len,
+    }
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _offset_endpoint(endpoint: str, index: int) -> str:
+    """tcp://host:port → tcp://host:(port + index), one publisher per server of a --count process."""
+    if index == 0:
+        return endpoint
+    head, sep, port = endpoint.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--kv-events-endpoint {endpoint!r}: with --count, give tcp://HOST:PORT")
+    return f"{head}:{int(port) + index}"
+
+
+class _Writer:
+    object_name = ""
+    chunk_name = ""
+
+    def __init__(self, model: str, request_id: str) -> None:
+        self.model = model
+        self.id = request_id
+        self.created = int(time.time())
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    def opening(self) -> list[dict[str, Any]]:
+        return []
+
+    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
+        chunk = self._envelope(self.chunk_name, [])
+        chunk["usage"] = usage
+        return chunk
+
+    def delta(self, text: str, finish: str | None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def full(self, text: str, finish: str, usage: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class _CompletionWriter(_Writer):
+    object_name = "text_completion"
+    chunk_name = "text_completion"
+
+    def delta(self, text: str, finish: str | None) -> dict[str, Any]:
+        return self._envelope(
+            self.chunk_name, [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
+        )
+
+    def full(self, text: str, finish: str, usage: dict[str, Any]) -> dict[str, Any]:
+        body = self._envelope(
+            self.object_name, [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
+        )
+        body["usage"] = usage
+        return body
+
+
+class _ChatWriter(_Writer):
+    object_name = "chat.completion"
+    chunk_name = "chat.completion.chunk"
+
+    def opening(self) -> list[dict[str, Any]]:
+        return [
+            self._envelope(
+                self.chunk_name,
+                [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+            )
+        ]
+
+    def delta(self, text: str, finish: str | None) -> dict[str, Any]:
+        return self._envelope(
+            self.chunk_name, [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]
+        )
+
+    def full(self, text: str, finish: str, usage: dict[str, Any]) -> dict[str, Any]:
+        body = self._envelope(
+            self.object_name,
+            [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
+        )
+        body["usage"] = usage
+        return body
+
+
+async def serve(options: ServerOptions, *, ready: Callable[[list[SimServer]], None] | None = None) -> None:
+    """Run `options.count` servers on consecutive ports until cancelled."""
+    servers = [SimServer(options, i) for i in range(options.count)]
+    try:
+        for s in servers:
+            await s.start()
+        if ready is not None:
+            ready(servers)
+        await asyncio.Event().wait()
+    finally:
+        for s in servers:
+            await s.stop()
