@@ -83,7 +83,7 @@ LATENCY_BUCKETS = (
 
 
 # vLLM's /metrics has no `_created` series; neither do ours.
-prometheus_client.disable_created_metrics()
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 class _EngineState(Collector):
