@@ -28,6 +28,7 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_schedule.py
+	$(BIN)/python benchmarks/bench_sim.py
 
 demo: $(STAMP)
 	$(BIN)/epick demo

@@ -167,18 +167,25 @@ class Engine:
         outputs = []
         finished = []
         kv = self.kv
+        bs = self.config.block_size
+        caching = kv.enable_prefix_caching
         for w in work:
             req = w.request
-            req.num_computed_tokens += w.num_new_tokens
-            kv.cache_full_blocks(req, req.num_computed_tokens)
-            if req.num_computed_tokens < req.num_tokens:
+            computed = req.num_computed_tokens + w.num_new_tokens
+            req.num_computed_tokens = computed
+            if caching and computed // bs > req.num_registered_blocks:
+                kv.cache_full_blocks(req, computed)
+            if computed < req.num_tokens:
                 continue  # a prefill chunk: no token yet
-            token = req.next_output_token()
-            req.output_token_ids.append(token)
+            outs = req.output_token_ids
+            plan = req.output_plan
+            token = plan[len(outs) % len(plan)]
+            outs.append(token)
+            req.num_tokens += 1
             if req.first_token_time is None:
                 req.first_token_time = end
             req.last_token_time = end
-            done = req.num_output_tokens >= req.max_tokens
+            done = len(outs) >= req.max_tokens
             if done:
                 req.status = RequestStatus.FINISHED
                 req.finish_reason = FinishReason.LENGTH

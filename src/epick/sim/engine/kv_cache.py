@@ -52,8 +52,12 @@ class KVCacheManager:
 
         Returns False, changing nothing, when the pool cannot supply them: the caller may preempt.
         """
-        computed = computed or []
         bs = self.block_size
+        if not computed:
+            total_tokens = req.num_computed_tokens + num_new_tokens
+            if total_tokens <= len(req.block_ids) * bs:
+                return True  # fits in the blocks it has (most decode steps)
+            computed = []
         total_tokens = req.num_computed_tokens + len(computed) * bs + num_new_tokens
         needed = -(-total_tokens // bs) - len(req.block_ids) - len(computed)
         # Cached blocks about to be touched are free now but will not be once touched.
@@ -73,6 +77,8 @@ class KVCacheManager:
             return
         bs = self.block_size
         full = num_computed_tokens // bs
+        if full <= req.num_registered_blocks:
+            return
         self._extend_hashes(req, full * bs)
         pool = self.pool
         hashes = req.block_hashes

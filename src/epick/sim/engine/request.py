@@ -33,6 +33,7 @@ class SimRequest:
     output_plan: list[int] = field(default_factory=lambda: [0])
 
     output_token_ids: list[int] = field(default_factory=list)
+    num_tokens: int = 0  # prompt + output so far (kept, not computed: it is read on every step)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
@@ -54,9 +55,12 @@ class SimRequest:
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
 
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+    def __post_init__(self) -> None:
+        self.num_tokens = len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def append_output(self, token: int) -> None:
+        self.output_token_ids.append(token)
+        self.num_tokens += 1
 
     def token(self, i: int) -> int:
         n = len(self.prompt_token_ids)
@@ -66,7 +70,9 @@ class SimRequest:
         n = len(self.prompt_token_ids)
         if end <= n:
             return self.prompt_token_ids[start:end]
-        return (self.prompt_token_ids + self.output_token_ids)[start:end]
+        if start >= n:
+            return self.output_token_ids[start - n : end - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - n]
 
     def next_output_token(self) -> int:
         plan = self.output_plan
