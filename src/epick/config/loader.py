@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import random
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,6 @@ from epick.config.schema import (
     PluginEntry,
     PluginRef,
     ProfileEntry,
-    SaturationDetectorSection,
 )
 from epick.framework import (
     Filter,
@@ -44,7 +44,7 @@ from epick.framework import (
 )
 from epick.plugins.filters.utilization import UtilizationDetector, UtilizationParameters
 from epick.plugins.profile.requirements import NeedsProfiles
-from epick.plugins.registry import Registry, parse_duration
+from epick.plugins.registry import ParameterError, Registry
 
 
 @dataclass(slots=True)
@@ -168,18 +168,25 @@ def _render_loc(loc: Sequence[int | str]) -> str:
     return out
 
 
-# Which model validates the mapping at a location, for listing the fields allowed there.
 def _model_at(root: type[BaseModel], loc: Sequence[int | str]) -> type[BaseModel] | None:
-    nested: dict[tuple[str, ...], type[BaseModel]] = {
-        ("plugins",): PluginEntry,
-        ("schedulingProfiles",): ProfileEntry,
-        ("schedulingProfiles", "plugins"): PluginRef,
-        ("saturationDetector",): SaturationDetectorSection,
-    }
-    if root is not EndpointPickerConfigFile:
-        return root if not [p for p in loc if isinstance(p, str)] else None
-    key = tuple(p for p in loc if isinstance(p, str))
-    return root if not key else nested.get(key)
+    """The model that validates the mapping at `loc` (field names by alias), for listing its fields."""
+    model: type[BaseModel] | None = root
+    for part in loc:
+        if isinstance(part, int) or model is None:
+            continue
+        field = next((f for n, f in model.model_fields.items() if part in (f.alias or n, n)), None)
+        model = _nested_model(field.annotation) if field is not None else None
+    return model
+
+
+def _nested_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _nested_model(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def _field_names(model: type[BaseModel]) -> list[str]:
@@ -220,8 +227,10 @@ class _Handle:
 
     def plugin(self, name: str) -> Plugin:
         if name not in self._builder.entries:
-            known = ", ".join(self._builder.entries) or "none"
-            raise ValueError(f"there is no plugin named {name!r} (plugins defined: {known})")
+            known = list(self._builder.entries)
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"name one of: {', '.join(known) or 'none'}"
+            raise LookupError(name, hint)
         plugin = self._builder.instantiate(name)
         if plugin is None:
             raise _DependencyFailedError(name)
@@ -266,7 +275,8 @@ class _Builder:
         self._check_profiles_refs()
         for section, why in IGNORED_SECTIONS.items():
             if getattr(self.doc, section) is not None:
-                self.warnings.append(f"section '{section}' is accepted but not used: {why}")
+                key = EndpointPickerConfigFile.model_fields[section].alias or section
+                self.warnings.append(f"section '{key}' is accepted but not used: {why}")
         if self.doc.feature_gates:
             self.warnings.append(
                 f"feature gates are accepted but not used: {', '.join(self.doc.feature_gates)}"
@@ -388,10 +398,19 @@ class _Builder:
         try:
             plugin = spec.factory(name, params, _Handle(self, name))
         except _DependencyFailedError as e:
+            if e.args[0] == name:  # a plugin naming itself: the cycle is already reported
+                self._failed.add(name)
+                return None
             self.fail(
                 f"{path}.parameters",
                 f"depends on plugin {e.args[0]!r}, which could not be built",
                 "fix that plugin",
+            )
+            self._failed.add(name)
+            return None
+        except ParameterError as e:
+            self.fail(
+                f"{path}.parameters.{e.parameter}", f"{entry.type}: {e}", e.fix or "correct the parameter"
             )
             self._failed.add(name)
             return None
@@ -556,19 +575,20 @@ class _Builder:
                 return UtilizationDetector()
             return found
         if section is not None:
-            values: dict[str, Any] = {}
-            if section.queue_depth_threshold is not None and section.queue_depth_threshold > 0:
-                values["queue_depth_threshold"] = section.queue_depth_threshold
-            if section.kv_cache_util_threshold is not None and 0 < section.kv_cache_util_threshold <= 1:
-                values["kv_cache_util_threshold"] = section.kv_cache_util_threshold
-            if section.metrics_staleness_threshold is not None:
-                try:
-                    values["metrics_staleness_threshold"] = parse_duration(
-                        section.metrics_staleness_threshold
-                    )
-                except ValueError as e:
-                    self.fail("saturationDetector.metricsStalenessThreshold", str(e), "write it like '200ms'")
-            return UtilizationDetector("saturation-detector", UtilizationParameters(**values))
+            values: dict[str, Any] = {
+                "queueDepthThreshold": section.queue_depth_threshold,
+                "kvCacheUtilThreshold": section.kv_cache_util_threshold,
+                "metricsStalenessThreshold": section.metrics_staleness_threshold,
+            }
+            try:
+                given = {k: v for k, v in values.items() if v is not None}
+                params = UtilizationParameters.model_validate(given)
+            except ValidationError as e:
+                for err in e.errors():
+                    issue = _issue_from_pydantic(err, UtilizationParameters, prefix="saturationDetector")
+                    self.issues.append(issue)
+                return UtilizationDetector()
+            return UtilizationDetector("saturation-detector", params)
         if detectors:
             return detectors[0][1]
         return UtilizationDetector("saturation-detector")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
 
@@ -22,6 +22,13 @@ class PluginEntry(_Strict):
 class PluginRef(_Strict):
     plugin_ref: str = Field(alias="pluginRef")
     weight: float | None = None
+
+    @field_validator("weight", mode="before")
+    @classmethod
+    def _weight_is_a_number(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError("weight must be a number, not a boolean")
+        return v
 
 
 class ProfileEntry(_Strict):
@@ -53,6 +60,11 @@ class EndpointPickerConfigFile(_Strict):
     flow_control: dict[str, Any] | None = Field(default=None, alias="flowControl")
     parser: dict[str, Any] | None = None
     request_control: dict[str, Any] | None = Field(default=None, alias="requestControl")
+
+    @field_validator("plugins", "scheduling_profiles", "feature_gates", mode="before")
+    @classmethod
+    def _null_is_empty(cls, v: Any) -> Any:
+        return [] if v is None else v
 
 
 IGNORED_SECTIONS = {

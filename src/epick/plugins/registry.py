@@ -29,7 +29,10 @@ class Handle(Protocol):
     """What a factory may ask of the config being built."""
 
     def plugin(self, name: str) -> Plugin:
-        """The plugin instance called `name` in the same config (built first if need be)."""
+        """The plugin instance called `name` in the same config (built first if need be).
+
+        Raises LookupError(name, hint) when the config has no plugin of that name.
+        """
         ...
 
     def rng(self, name: str) -> random.Random:
@@ -48,6 +51,15 @@ class PluginSpec:
     factory: Factory
     parameters: builtins.type[Parameters] = NoParameters
     summary: str = ""
+
+
+class ParameterError(ValueError):
+    """A factory's complaint about one parameter (`parameter` is its dotted path under `parameters`)."""
+
+    def __init__(self, parameter: str, message: str, fix: str = "") -> None:
+        super().__init__(message)
+        self.parameter = parameter
+        self.fix = fix
 
 
 class DuplicatePluginTypeError(ValueError):

@@ -23,7 +23,7 @@ from epick.framework import (
     SchedulingResult,
 )
 from epick.plugins.profile.deciders import PDDecider
-from epick.plugins.registry import Handle, Parameters, PluginSpec
+from epick.plugins.registry import Handle, ParameterError, Parameters, PluginSpec
 
 TYPE = "disagg-profile-handler"
 
@@ -135,10 +135,19 @@ def _factory(name: str, params: DisaggParameters, handle: Handle) -> DisaggProfi
     decider = None
     decider_name = params.decider()
     if decider_name is not None:
-        plugin = handle.plugin(decider_name)
+        if params.deciders is not None:
+            where = "deciders.prefill"
+        else:
+            where = "prefillDeciderPluginName" if params.prefill_decider_plugin_name else "deciderPluginName"
+        try:
+            plugin = handle.plugin(decider_name)
+        except LookupError as e:
+            raise ParameterError(where, f"there is no plugin named {decider_name!r}", e.args[1]) from None
         if not isinstance(plugin, PDDecider):
-            raise ValueError(
-                f"deciders.prefill: plugin {decider_name!r} ({plugin.typed_name.type}) is not a P/D decider"
+            raise ParameterError(
+                where,
+                f"plugin {decider_name!r} ({plugin.typed_name.type}) is not a P/D decider",
+                "name a prefix-based-pd-decider or always-disagg-pd-decider plugin",
             )
         decider = plugin
     return DisaggProfileHandler(name, params.decode(), params.prefill(), decider)

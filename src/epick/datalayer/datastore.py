@@ -1,0 +1,92 @@
+"""The current endpoints and their latest metrics: what every scheduling call snapshots."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from epick.framework import Endpoint, Metrics
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSpec:
+    """A discovered endpoint, before any metrics: name, where it is, its labels."""
+
+    name: str
+    address: str
+    port: int
+    labels: Mapping[str, str]
+
+    @property
+    def host_port(self) -> str:
+        return f"{self.address}:{self.port}"
+
+
+Listener = Callable[[str, EndpointSpec | None], None]
+
+
+class Datastore:
+    """Endpoints by name. Endpoints are immutable: an update replaces one, so a list taken by
+    `snapshot()` never changes under the scheduler. Only the event loop's thread writes."""
+
+    def __init__(self) -> None:
+        self._endpoints: dict[str, Endpoint] = {}
+        self._specs: dict[str, EndpointSpec] = {}
+        self._snapshot: list[Endpoint] | None = None
+        self._listeners: list[Listener] = []
+
+    def subscribe(self, listener: Listener) -> None:
+        """Called with (name, spec) when an endpoint appears or changes, (name, None) when it goes."""
+        self._listeners.append(listener)
+
+    def upsert(self, spec: EndpointSpec) -> None:
+        old = self._specs.get(spec.name)
+        if old == spec:
+            return
+        metrics = self._endpoints[spec.name].metrics if spec.name in self._endpoints else Metrics()
+        self._specs[spec.name] = spec
+        self._endpoints[spec.name] = Endpoint(spec.name, spec.address, spec.port, dict(spec.labels), metrics)
+        self._snapshot = None
+        for listener in self._listeners:
+            listener(spec.name, spec)
+
+    def remove(self, name: str) -> None:
+        if self._specs.pop(name, None) is None:
+            return
+        del self._endpoints[name]
+        self._snapshot = None
+        for listener in self._listeners:
+            listener(name, None)
+
+    def replace_all(self, specs: Iterable[EndpointSpec]) -> None:
+        wanted = {s.name: s for s in specs}
+        for name in list(self._specs):
+            if name not in wanted:
+                self.remove(name)
+        for spec in wanted.values():
+            self.upsert(spec)
+
+    def update_metrics(self, name: str, metrics: Metrics) -> None:
+        current = self._endpoints.get(name)
+        if current is None:
+            return  # removed while its scrape was in flight
+        self._endpoints[name] = current.with_metrics(metrics)
+        self._snapshot = None
+
+    def get(self, name: str) -> Endpoint | None:
+        return self._endpoints.get(name)
+
+    def spec(self, name: str) -> EndpointSpec | None:
+        return self._specs.get(name)
+
+    def specs(self) -> list[EndpointSpec]:
+        return list(self._specs.values())
+
+    def snapshot(self) -> list[Endpoint]:
+        """The current endpoints; the same list object until something changes."""
+        if self._snapshot is None:
+            self._snapshot = list(self._endpoints.values())
+        return self._snapshot
+
+    def __len__(self) -> int:
+        return len(self._endpoints)

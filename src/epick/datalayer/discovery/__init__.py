@@ -1,0 +1,1 @@
+"""Where endpoints come from: a static list, or Kubernetes."""

@@ -1,0 +1,135 @@
+"""Reading the few metrics the scheduler needs out of a Prometheus text page.
+
+A scraper parses every endpoint's page every 50 ms, so this reads only the wanted families: a line
+is split at its name first and skipped unless wanted; labels are parsed only for the info metrics.
+benchmarks/bench_parse.py measures it against prometheus_client's full parser on vLLM-sized pages
+(docs/performance.md has the figures).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from epick.datalayer.engines import EngineMetricNames
+from epick.framework import Metrics
+
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+class MetricsParseError(ValueError):
+    """The page is not what a model server exposes; the message says what is wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Sample:
+    labels: dict[str, str]
+    value: float
+
+
+def _unescape(value: str) -> str:
+    return value.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\") if "\\" in value else value
+
+
+def _scan(text: str, wanted: set[str]) -> dict[str, list[_Sample]]:
+    found: dict[str, list[_Sample]] = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line or line[0] == "#":
+            continue
+        brace = line.find("{")
+        space = line.find(" ")
+        if brace != -1 and (space == -1 or brace < space):
+            name = line[:brace]
+            if name not in wanted:
+                continue
+            close = line.rfind("}")
+            if close < brace:
+                raise MetricsParseError(f"line {lineno}: unterminated label set in {line[:80]!r}")
+            labels = {k: _unescape(v) for k, v in _LABEL.findall(line[brace + 1 : close])}
+            rest = line[close + 1 :].split()
+        else:
+            name = line[:space] if space != -1 else line
+            if name not in wanted:
+                continue
+            labels = {}
+            rest = line[space + 1 :].split() if space != -1 else []
+        if not rest:
+            raise MetricsParseError(f"line {lineno}: {name} has no value")
+        try:
+            value = float(rest[0])
+        except ValueError:
+            raise MetricsParseError(f"line {lineno}: {name} has value {rest[0]!r}, not a number") from None
+        found.setdefault(name, []).append(_Sample(labels, value))
+    return found
+
+
+def parse_metrics(text: str, names: EngineMetricNames, *, update_time: float | None = None) -> Metrics:
+    """The scheduler's view of one endpoint from its /metrics page. Raises `MetricsParseError`."""
+    wanted = {names.waiting, names.running, *names.kv_usage}
+    if names.lora_info:
+        wanted.add(names.lora_info)
+    if names.cache_info:
+        wanted.add(names.cache_info)
+    found = _scan(text, wanted)
+    missing = [n for n in (names.waiting, names.running) if n not in found]
+    kv_name = next((n for n in names.kv_usage if n in found), None)
+    if kv_name is None:
+        missing.append(" or ".join(names.kv_usage))
+    if missing:
+        raise MetricsParseError(f"missing metrics: {', '.join(missing)}")
+    waiting = _sum(found[names.waiting], names.waiting)
+    running = _sum(found[names.running], names.running)
+    assert kv_name is not None
+    kv = max(_values(found[kv_name], kv_name))
+    if kv > 1.0:  # some servers report percent
+        kv = kv / 100.0 if kv <= 100.0 else 1.0
+    active: frozenset[str] = frozenset()
+    waiting_models: frozenset[str] = frozenset()
+    max_models = 0
+    if names.lora_info and names.lora_info in found:
+        latest = max(found[names.lora_info], key=lambda s: s.value)
+        active = _adapters(latest.labels.get("running_lora_adapters", ""))
+        waiting_models = _adapters(latest.labels.get("waiting_lora_adapters", ""))
+        max_models = _int_label(latest.labels, "max_lora", names.lora_info)
+    block_size = num_blocks = 0
+    if names.cache_info and names.cache_info in found:
+        info = found[names.cache_info][0].labels
+        block_size = _int_label(info, "block_size", names.cache_info)
+        num_blocks = _int_label(info, "num_gpu_blocks", names.cache_info)
+    return Metrics(
+        waiting_queue_size=int(waiting),
+        running_requests_size=int(running),
+        kv_cache_usage_percent=kv,
+        active_models=active,
+        waiting_models=waiting_models,
+        max_active_models=max_models,
+        cache_block_size=block_size,
+        cache_num_blocks=num_blocks,
+        update_time=update_time,
+    )
+
+
+def _values(samples: list[_Sample], name: str) -> list[float]:
+    for s in samples:
+        if math.isnan(s.value) or s.value < 0 or math.isinf(s.value):
+            raise MetricsParseError(f"{name} is {s.value}, not a count or share")
+    return [s.value for s in samples]
+
+
+def _sum(samples: list[_Sample], name: str) -> float:
+    return sum(_values(samples, name))
+
+
+def _adapters(value: str) -> frozenset[str]:
+    return frozenset(a.strip() for a in value.split(",") if a.strip())
+
+
+def _int_label(labels: dict[str, str], key: str, metric: str) -> int:
+    raw = labels.get(key, "")
+    if not raw or raw == "None":
+        return 0
+    try:
+        return int(float(raw))
+    except ValueError:
+        raise MetricsParseError(f"{metric}: label {key}={raw!r} is not a number") from None

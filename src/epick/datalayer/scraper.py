@@ -1,0 +1,127 @@
+"""One async scraper per endpoint: GET /metrics every interval, parse, store; errors logged once per change.
+
+A failed or garbage scrape leaves the endpoint's last metrics in place with their old update time,
+so they go stale and the saturation detector treats the endpoint as saturated (DESIGN §5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import aiohttp
+
+from epick.datalayer.datastore import Datastore, EndpointSpec
+from epick.datalayer.engines import ENGINE_LABEL, engine_names
+from epick.datalayer.parse import MetricsParseError, parse_metrics
+
+log = logging.getLogger(__name__)
+
+
+class Scraper:
+    def __init__(
+        self,
+        spec: EndpointSpec,
+        datastore: Datastore,
+        session: aiohttp.ClientSession,
+        *,
+        interval: float = 0.05,
+        timeout: float = 1.0,
+        scheme: str = "http",
+        path: str = "/metrics",
+    ) -> None:
+        self.spec = spec
+        self.datastore = datastore
+        self.session = session
+        self.interval = interval
+        self.timeout = aiohttp.ClientTimeout(total=timeout)
+        self.url = f"{scheme}://{spec.host_port}{path}"
+        self.names = engine_names(spec.labels.get(ENGINE_LABEL))
+        self.last_error: str | None = None
+        self.scrapes = 0
+        self.failures = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"scrape {self.spec.name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def scrape_once(self) -> None:
+        started = time.time()
+        try:
+            async with self.session.get(self.url, timeout=self.timeout) as response:
+                if response.status != 200:
+                    raise MetricsParseError(f"HTTP {response.status}")
+                text = await response.text()
+            metrics = parse_metrics(text, self.names, update_time=started)
+        except (TimeoutError, MetricsParseError, aiohttp.ClientError, UnicodeDecodeError) as e:
+            self.failures += 1
+            self._report(f"{type(e).__name__}: {e}" if not isinstance(e, MetricsParseError) else str(e))
+            return
+        self.scrapes += 1
+        self.datastore.update_metrics(self.spec.name, metrics)
+        self._report(None)
+
+    def _report(self, error: str | None) -> None:
+        if error == self.last_error:
+            return
+        if error is None:
+            log.info("metrics of %s (%s) are back", self.spec.name, self.url)
+        else:
+            log.warning("cannot scrape %s (%s): %s", self.spec.name, self.url, error)
+        self.last_error = error
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            await self.scrape_once()
+            await asyncio.sleep(max(0.0, self.interval - (loop.time() - started)))
+
+
+class ScraperPool:
+    """One scraper per endpoint in the datastore, started and stopped as endpoints come and go."""
+
+    def __init__(self, datastore: Datastore, *, interval: float = 0.05, timeout: float = 1.0) -> None:
+        self.datastore = datastore
+        self.interval = interval
+        self.timeout = timeout
+        self.scrapers: dict[str, Scraper] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._stopping: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+        self._session = aiohttp.ClientSession(connector=connector)
+        for spec in self.datastore.specs():
+            self._changed(spec.name, spec)
+        self.datastore.subscribe(self._changed)
+
+    def _changed(self, name: str, spec: EndpointSpec | None) -> None:
+        old = self.scrapers.pop(name, None)
+        if old is not None:
+            task = asyncio.get_running_loop().create_task(old.stop())
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
+        if spec is not None and self._session is not None:
+            scraper = Scraper(
+                spec, self.datastore, self._session, interval=self.interval, timeout=self.timeout
+            )
+            self.scrapers[name] = scraper
+            scraper.start()
+
+    async def stop(self) -> None:
+        for scraper in list(self.scrapers.values()):
+            await scraper.stop()
+        self.scrapers.clear()
+        if self._stopping:
+            await asyncio.gather(*self._stopping, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
