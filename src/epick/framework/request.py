@@ -39,16 +39,19 @@ class RequestBody:
     max_tokens: int | None = None
     # The text the approximate prefix index hashes: the prompt, or the chat messages as compact JSON.
     prefix_text: str = ""
+    prefix_bytes: int = 0  # its UTF-8 length: the unit of the index's blocks and of token estimates
 
     @classmethod
     def completion(cls, prompt: str, **kwargs: Any) -> RequestBody:
-        return cls(kind="completion", prompt=prompt, prefix_text=prompt, **kwargs)
+        return cls(
+            kind="completion", prompt=prompt, prefix_text=prompt, prefix_bytes=_utf8_len(prompt), **kwargs
+        )
 
     @classmethod
     def chat(cls, messages: Sequence[ChatMessage], **kwargs: Any) -> RequestBody:
         msgs = tuple(messages)
         text = json.dumps([m.to_json() for m in msgs], separators=(",", ":"), ensure_ascii=False)
-        return cls(kind="chat", messages=msgs, prefix_text=text, **kwargs)
+        return cls(kind="chat", messages=msgs, prefix_text=text, prefix_bytes=_utf8_len(text), **kwargs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +68,8 @@ class InferenceRequest:
 
     @property
     def estimated_prompt_tokens(self) -> int:
-        """Prompt length in tokens, estimated as characters / 4 (the Go EPP's rule)."""
-        return len(self.body.prefix_text) // CHARS_PER_TOKEN
+        """Prompt length in tokens: UTF-8 bytes / 4, the Go EPP's rule (Go's len counts bytes)."""
+        return self.body.prefix_bytes // CHARS_PER_TOKEN
 
     @classmethod
     def from_openai(
@@ -112,6 +115,10 @@ class InferenceRequest:
             objective=hdrs.get("x-gateway-inference-objective", ""),
             size=size,
         )
+
+
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode())
 
 
 def _parse_prompt(prompt: Any) -> str:

@@ -66,7 +66,7 @@ class PrefixCacheScorer(NamedPlugin):
         self.block_size_tokens = block_size_tokens
         self.max_blocks = max_prefix_blocks_to_match
         self.index = PrefixIndex(lru_capacity_per_server)
-        self._recent: OrderedDict[str, PrefixMatch] = OrderedDict()
+        self._recent: OrderedDict[str, tuple[InferenceRequest, PrefixMatch]] = OrderedDict()
         # Requests scored, and blocks matched on the chosen endpoint, for a hit ratio.
         self.lookups = 0
         self.lookup_blocks = 0
@@ -83,13 +83,14 @@ class PrefixCacheScorer(NamedPlugin):
 
     def _match(self, request: InferenceRequest) -> PrefixMatch:
         # Computed once per request: a scorer in two profiles, and PreRequest, reuse it.
-        found = self._recent.get(request.request_id)
-        if found is None:
-            hashes = self.hashes(request)
-            found = PrefixMatch(len(hashes), self.block_size_tokens, self.index.match(hashes), hashes)
-            self._recent[request.request_id] = found
-            if len(self._recent) > _REMEMBERED_REQUESTS:
-                self._recent.popitem(last=False)
+        recent = self._recent.get(request.request_id)
+        if recent is not None and recent[0] is request:
+            return recent[1]
+        hashes = self.hashes(request)
+        found = PrefixMatch(len(hashes), self.block_size_tokens, self.index.match(hashes), hashes)
+        self._recent[request.request_id] = (request, found)
+        if len(self._recent) > _REMEMBERED_REQUESTS:
+            self._recent.popitem(last=False)
         return found
 
     def score(
@@ -104,7 +105,7 @@ class PrefixCacheScorer(NamedPlugin):
         return [matched.get(ep.name, 0) / total for ep in endpoints]
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
-        match = self._recent.pop(request.request_id, None) or self._match(request)
+        match = self._match(request)
         self._recent.pop(request.request_id, None)
         if not match.hashes:
             return

@@ -54,8 +54,9 @@ class ShadowProfileHandler(NamedPlugin):
     ) -> list[str]:
         if results:
             return []
-        shadows = self.shadows if self.shadows is not None else [p for p in profiles if p != self.primary]
-        return [self.primary, *shadows]
+        shadows = self.shadows if self.shadows is not None else list(profiles)
+        # The primary runs once, first; a shadow listed twice runs once.
+        return list(dict.fromkeys([self.primary, *shadows]))
 
     def process_results(
         self,

@@ -69,8 +69,9 @@ class InFlight:
 
 
 def first_targets(result: SchedulingResult) -> list[str]:
-    """The primary endpoint of every profile result (decode and prefill in P/D)."""
-    return [r.targets[0].name for r in result.profile_results.values() if r is not None and r.targets]
+    """The primary endpoint of every profile result (decode and prefill in P/D), each once."""
+    names = [r.targets[0].name for r in result.profile_results.values() if r is not None and r.targets]
+    return list(dict.fromkeys(names))  # one request counts once on an endpoint chosen for two roles
 
 
 class ActiveRequestScorer(NamedPlugin):

@@ -31,7 +31,7 @@ class SessionAffinityScorer(NamedPlugin):
         token = request.headers.get(SESSION_HEADER, "")
         try:
             wanted = base64.b64decode(token, validate=True).decode() if token else ""
-        except (binascii.Error, UnicodeDecodeError):
+        except (binascii.Error, ValueError):  # ValueError covers non-ASCII and UnicodeDecodeError
             wanted = ""
         return [1.0 if wanted and ep.name == wanted else 0.0 for ep in endpoints]
 
