@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 
 from epick import __version__
-from epick.cli import sim_server
+from epick.cli import serve, sim_server
 from epick.cli.explain import dumps, explain, render, replay_history
 from epick.cli.inputs import (
     InputError,
@@ -144,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     plugins.set_defaults(func=cmd_plugins)
 
     sim_server.add_parser(sub)
+    serve.add_parser(sub)
 
     demo = sub.add_parser("demo", help="explain decisions of the shipped configs on example endpoints")
     demo.add_argument("--examples", default=str(EXAMPLES), help=argparse.SUPPRESS)

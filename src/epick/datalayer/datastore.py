@@ -34,6 +34,7 @@ class Datastore:
         self._specs: dict[str, EndpointSpec] = {}
         self._snapshot: list[Endpoint] | None = None
         self._listeners: list[Listener] = []
+        self._unhealthy: set[str] = set()
 
     def subscribe(self, listener: Listener) -> None:
         """Called with (name, spec) when an endpoint appears or changes, (name, None) when it goes."""
@@ -54,6 +55,7 @@ class Datastore:
         if self._specs.pop(name, None) is None:
             return
         del self._endpoints[name]
+        self._unhealthy.discard(name)
         self._snapshot = None
         for listener in self._listeners:
             listener(name, None)
@@ -73,6 +75,19 @@ class Datastore:
         self._endpoints[name] = current.with_metrics(metrics)
         self._snapshot = None
 
+    def set_healthy(self, name: str, healthy: bool) -> None:
+        """An unhealthy endpoint (unreachable, failing scrapes) is left out of snapshots until it recovers."""
+        if name not in self._endpoints or healthy == (name not in self._unhealthy):
+            return
+        if healthy:
+            self._unhealthy.discard(name)
+        else:
+            self._unhealthy.add(name)
+        self._snapshot = None
+
+    def is_healthy(self, name: str) -> bool:
+        return name in self._endpoints and name not in self._unhealthy
+
     def get(self, name: str) -> Endpoint | None:
         return self._endpoints.get(name)
 
@@ -83,10 +98,15 @@ class Datastore:
         return list(self._specs.values())
 
     def snapshot(self) -> list[Endpoint]:
-        """The current endpoints; the same list object until something changes."""
+        """The current healthy endpoints; the same list object until something changes."""
         if self._snapshot is None:
-            self._snapshot = list(self._endpoints.values())
+            unhealthy = self._unhealthy
+            self._snapshot = [ep for name, ep in self._endpoints.items() if name not in unhealthy]
         return self._snapshot
+
+    def all_endpoints(self) -> list[Endpoint]:
+        """Every known endpoint, healthy or not."""
+        return list(self._endpoints.values())
 
     def __len__(self) -> int:
         return len(self._endpoints)

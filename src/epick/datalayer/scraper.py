@@ -1,7 +1,9 @@
 """One async scraper per endpoint: GET /metrics every interval, parse, store; errors logged once per change.
 
 A failed or garbage scrape leaves the endpoint's last metrics in place with their old update time,
-so they go stale and the saturation detector treats the endpoint as saturated (DESIGN §5).
+so they go stale and the saturation detector treats the endpoint as saturated (DESIGN §5). After
+`unhealthy_after` failures in a row the endpoint leaves the scheduling candidates until a scrape
+succeeds again.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Scraper:
         *,
         interval: float = 0.05,
         timeout: float = 1.0,
+        unhealthy_after: int = 3,
         scheme: str = "http",
         path: str = "/metrics",
     ) -> None:
@@ -39,9 +42,11 @@ class Scraper:
         self.timeout = aiohttp.ClientTimeout(total=timeout)
         self.url = f"{scheme}://{spec.host_port}{path}"
         self.names = engine_names(spec.labels.get(ENGINE_LABEL))
+        self.unhealthy_after = unhealthy_after
         self.last_error: str | None = None
         self.scrapes = 0
         self.failures = 0
+        self.consecutive_failures = 0
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -63,10 +68,15 @@ class Scraper:
             metrics = parse_metrics(text, self.names, update_time=started)
         except (TimeoutError, MetricsParseError, aiohttp.ClientError, UnicodeDecodeError) as e:
             self.failures += 1
+            self.consecutive_failures += 1
+            if self.consecutive_failures >= self.unhealthy_after:
+                self.datastore.set_healthy(self.spec.name, False)
             self._report(f"{type(e).__name__}: {e}" if not isinstance(e, MetricsParseError) else str(e))
             return
         self.scrapes += 1
+        self.consecutive_failures = 0
         self.datastore.update_metrics(self.spec.name, metrics)
+        self.datastore.set_healthy(self.spec.name, True)
         self._report(None)
 
     def _report(self, error: str | None) -> None:

@@ -9,6 +9,7 @@ from epick.framework.errors import EndpointsFilteredError, NoEndpointsError, Sch
 from epick.framework.interfaces import (
     Filter,
     Picker,
+    PluginTimer,
     PreRequest,
     ProfileHandler,
     ProfileLike,
@@ -39,6 +40,7 @@ __all__ = [
     "NoEndpointsError",
     "Picker",
     "Plugin",
+    "PluginTimer",
     "PreRequest",
     "ProfileHandler",
     "ProfileLike",

@@ -83,6 +83,12 @@ class ProfileHandler(Plugin, Protocol):
         ...
 
 
+class PluginTimer(Protocol):
+    """Receives how long each plugin call took (the service turns it into a metric)."""
+
+    def observe(self, extension_point: str, plugin: Plugin, seconds: float) -> None: ...
+
+
 @runtime_checkable
 class PreRequest(Plugin, Protocol):
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None: ...

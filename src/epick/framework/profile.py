@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from epick.framework.cycle_state import CycleState
 from epick.framework.endpoint import Endpoint
 from epick.framework.errors import EndpointsFilteredError, SchedulingError
-from epick.framework.interfaces import Filter, Picker, Scorer
+from epick.framework.interfaces import FILTER, PICKER, SCORER, Filter, Picker, PluginTimer, Scorer
 from epick.framework.request import InferenceRequest
 from epick.framework.results import ProfileRunResult, ScoredEndpoint
 from epick.framework.trace import FilterStep, ProfileTrace, ScorerStep
@@ -43,12 +44,16 @@ class SchedulerProfile:
         cycle_state: CycleState,
         endpoints: Sequence[Endpoint],
         trace: ProfileTrace | None = None,
+        timer: PluginTimer | None = None,
     ) -> ProfileRunResult:
         """One scheduling cycle of this profile over `endpoints`; raises `SchedulingError`."""
-        survivors = self._filter(request, cycle_state, endpoints, trace)
-        totals = self._score(request, cycle_state, survivors, trace)
+        survivors = self._filter(request, cycle_state, endpoints, trace, timer)
+        totals = self._score(request, cycle_state, survivors, trace, timer)
         scored = list(map(ScoredEndpoint._make, zip(survivors, totals, strict=True)))
+        start = time.perf_counter() if timer is not None else 0.0
         result = self.picker.pick(request, cycle_state, scored)
+        if timer is not None:
+            timer.observe(PICKER, self.picker, time.perf_counter() - start)
         if trace is not None:
             trace.picker = str(self.picker.typed_name)
             trace.targets = [ep.name for ep in result.targets]
@@ -72,10 +77,14 @@ class SchedulerProfile:
         cycle_state: CycleState,
         endpoints: Sequence[Endpoint],
         trace: ProfileTrace | None,
+        timer: PluginTimer | None,
     ) -> Sequence[Endpoint]:
         current = endpoints
         for f in self.filters:
+            start = time.perf_counter() if timer is not None else 0.0
             kept = f.filter(request, cycle_state, current)
+            if timer is not None:
+                timer.observe(FILTER, f, time.perf_counter() - start)
             if trace is not None:
                 trace.filters.append(FilterStep(str(f.typed_name), [ep.name for ep in kept]))
             allowed = set(map(id, current))
@@ -100,10 +109,14 @@ class SchedulerProfile:
         cycle_state: CycleState,
         endpoints: Sequence[Endpoint],
         trace: ProfileTrace | None,
+        timer: PluginTimer | None,
     ) -> list[float]:
         totals = [0.0] * len(endpoints)
         for ws in self.scorers:
+            start = time.perf_counter() if timer is not None else 0.0
             raw = ws.scorer.score(request, cycle_state, endpoints)
+            if timer is not None:
+                timer.observe(SCORER, ws.scorer, time.perf_counter() - start)
             if len(raw) != len(endpoints):
                 raise SchedulingError(
                     f"profile {self.name!r}: scorer {ws.scorer.typed_name} returned {len(raw)} scores "

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from epick.framework.cycle_state import CycleState
 from epick.framework.endpoint import Endpoint
 from epick.framework.errors import NoEndpointsError, SchedulingError
-from epick.framework.interfaces import ProfileHandler
+from epick.framework.interfaces import PluginTimer, ProfileHandler
 from epick.framework.profile import SchedulerProfile
 from epick.framework.request import InferenceRequest
 from epick.framework.results import ProfileRunResult, SchedulingResult
@@ -30,6 +30,7 @@ class Scheduler:
                 raise ValueError(f"profile registered as {key!r} is named {profile.name!r}")
         self.profiles: dict[str, SchedulerProfile] = dict(profiles)
         self.handler = handler
+        self.timer: PluginTimer | None = None  # set by the service to time every plugin call
 
     def schedule(
         self,
@@ -80,7 +81,7 @@ class Scheduler:
                     ptrace = ProfileTrace(name, candidates=[ep.name for ep in snapshot])
                     trace.profiles.append(ptrace)
                 try:
-                    results[name] = profile.run(request, cycle_state, snapshot, ptrace)
+                    results[name] = profile.run(request, cycle_state, snapshot, ptrace, self.timer)
                 except SchedulingError as e:
                     results[name] = None
                     failures[name] = e

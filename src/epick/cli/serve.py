@@ -1,0 +1,225 @@
+"""`epick serve`: discovery, scraping, the director and the proxy, with epick's own /metrics."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from dataclasses import dataclass, field
+
+import uvloop
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from epick.config import ConfigError, LoadedConfig, load_config_file, load_default_config
+from epick.datalayer.datastore import Datastore, EndpointSpec
+from epick.datalayer.discovery.static import DiscoveryError, load_endpoints_file, parse_endpoints_flag
+from epick.datalayer.models import ModelCatalog
+from epick.datalayer.scraper import ScraperPool
+from epick.plugins.filters.utilization import UtilizationDetector, UtilizationParameters
+from epick.plugins.registry import parse_duration
+from epick.proxy.server import Proxy, ProxyOptions
+from epick.requestcontrol.director import Director
+from epick.requestcontrol.metrics import EppMetrics
+
+log = logging.getLogger("epick.serve")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    endpoints: tuple[EndpointSpec, ...]
+    config_file: str | None = None
+    proxy: ProxyOptions = field(default_factory=ProxyOptions)
+    metrics_port: int | None = 9090
+    refresh_metrics_interval: float = 0.05
+    metrics_staleness_threshold: float | None = None
+    objectives: tuple[tuple[str, int], ...] = ()
+    pool_name: str = "epick"
+    seed: int | None = None
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("serve", help="run the endpoint picker as an OpenAI-compatible proxy")
+    p.add_argument("--config-file", help="EndpointPickerConfig (default: the built-in default config)")
+    p.add_argument("--endpoints", help="static endpoints: host:port,host:port,...")
+    p.add_argument("--endpoints-file", help="static endpoints with names and labels (YAML or JSON)")
+    p.add_argument("--proxy-host", default="0.0.0.0")
+    p.add_argument("--proxy-port", type=int, default=8080)
+    p.add_argument("--metrics-port", type=int, default=9090, help="epick's own /metrics (0: off)")
+    p.add_argument("--refresh-metrics-interval", default="50ms", help="scrape interval per endpoint")
+    p.add_argument(
+        "--metrics-staleness-threshold", default=None, help="metrics older than this count as saturated"
+    )
+    p.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024)
+    p.add_argument("--connect-timeout", default="5s")
+    p.add_argument("--read-timeout", default="600s", help="longest silence between chunks of a response")
+    p.add_argument(
+        "--objective",
+        action="append",
+        default=[],
+        metavar="NAME=PRIORITY",
+        help="priority of an objective named by x-gateway-inference-objective (repeatable)",
+    )
+    p.add_argument("--pool-name", default="epick")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=run)
+
+
+def options_from(args: argparse.Namespace) -> ServeOptions:
+    try:
+        if args.endpoints_file:
+            specs = load_endpoints_file(args.endpoints_file)
+        elif args.endpoints:
+            specs = parse_endpoints_flag(args.endpoints)
+        else:
+            raise DiscoveryError("give --endpoints host:port,... or --endpoints-file FILE")
+        objectives = []
+        for item in args.objective:
+            name, sep, priority = item.partition("=")
+            if not sep or not name or not priority.lstrip("-").isdigit():
+                raise ValueError(f"--objective {item!r}: expected NAME=PRIORITY with an integer priority")
+            objectives.append((name, int(priority)))
+        staleness = (
+            parse_duration(args.metrics_staleness_threshold) if args.metrics_staleness_threshold else None
+        )
+        return ServeOptions(
+            endpoints=tuple(specs),
+            config_file=args.config_file,
+            proxy=ProxyOptions(
+                host=args.proxy_host,
+                port=args.proxy_port,
+                connect_timeout=parse_duration(args.connect_timeout),
+                read_timeout=parse_duration(args.read_timeout),
+                max_body_bytes=args.max_body_bytes,
+            ),
+            metrics_port=args.metrics_port or None,
+            refresh_metrics_interval=parse_duration(args.refresh_metrics_interval),
+            metrics_staleness_threshold=staleness,
+            objectives=tuple(objectives),
+            pool_name=args.pool_name,
+        )
+    except (DiscoveryError, ValueError) as e:
+        raise SystemExit(f"epick serve: {e}") from None
+
+
+class Service:
+    """Everything `epick serve` runs, startable and stoppable in-process (tests and the demo use it)."""
+
+    def __init__(self, options: ServeOptions, config: LoadedConfig | None = None) -> None:
+        self.options = options
+        self.config = config or self._load()
+        self.datastore = Datastore()
+        self.datastore.replace_all(options.endpoints)
+        self.metrics = EppMetrics(options.pool_name, self.datastore, lambda: self.director.config)
+        self.scrapers = ScraperPool(self.datastore, interval=options.refresh_metrics_interval)
+        self.catalog = ModelCatalog(self.datastore)
+        self.director = Director(
+            self._prepare(self.config),
+            self.datastore,
+            max_body_bytes=options.proxy.max_body_bytes,
+            objectives=dict(options.objectives),
+            known_models=self.catalog.known,
+            observer=self.metrics,
+        )
+        self.proxy = Proxy(self.director, self.datastore, self.catalog, options.proxy)
+        self._metrics_runner: web.AppRunner | None = None
+
+    def _load(self) -> LoadedConfig:
+        path = self.options.config_file
+        return (
+            load_default_config(seed=self.options.seed)
+            if path is None
+            else load_config_file(path, seed=self.options.seed)
+        )
+
+    def _prepare(self, config: LoadedConfig) -> LoadedConfig:
+        config.scheduler.timer = self.metrics
+        staleness = self.options.metrics_staleness_threshold
+        if staleness is not None:
+            params = replace_params(config.saturation_detector, staleness)
+            config.saturation_detector = UtilizationDetector(config.saturation_detector.name, params)
+        return config
+
+    def reload(self) -> bool:
+        """Load the config file again; on any error keep the running config and log why."""
+        try:
+            fresh = self._load()
+        except ConfigError as e:
+            for issue in e.issues:
+                log.error("config reload refused, keeping the running config: %s", issue.render(e.source))
+            return False
+        self.director.replace_config(self._prepare(fresh))
+        log.info("config reloaded from %s", self.options.config_file or "<default config>")
+        return True
+
+    async def start(self) -> None:
+        await self.scrapers.start()
+        await self.catalog.start()
+        await self.proxy.start()
+        if self.options.metrics_port is not None:
+            app = web.Application()
+            app.router.add_get("/metrics", self._serve_metrics)
+            self._metrics_runner = web.AppRunner(app, access_log=None)
+            await self._metrics_runner.setup()
+            await web.TCPSite(
+                self._metrics_runner, self.options.proxy.host, self.options.metrics_port
+            ).start()
+
+    async def stop(self) -> None:
+        await self.proxy.stop()
+        await self.catalog.stop()
+        await self.scrapers.stop()
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
+
+    async def _serve_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+
+def replace_params(detector: UtilizationDetector, staleness: float) -> UtilizationParameters:
+    return detector.params.model_copy(update={"metrics_staleness_threshold": staleness})
+
+
+async def _main(options: ServeOptions) -> None:
+    service = Service(options)
+    await service.start()
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError):
+        loop.add_signal_handler(signal.SIGHUP, service.reload)
+    log.info(
+        "epick serving %d endpoints; proxy on %s:%d, metrics on :%s",
+        len(options.endpoints),
+        options.proxy.host,
+        service.proxy.port,
+        options.metrics_port,
+    )
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await service.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    options = options_from(args)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            uvloop.run(_main(options))
+    except ConfigError as e:
+        for issue in e.issues:
+            print(issue.render(e.source), file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"epick serve: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+__all__ = ["ServeOptions", "Service", "add_parser"]

@@ -1,0 +1,1 @@
+"""The standalone OpenAI-compatible proxy: schedules each request and forwards it itself."""

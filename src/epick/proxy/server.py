@@ -1,0 +1,258 @@
+"""The proxy: an OpenAI-compatible HTTP server in front of the model servers.
+
+Each request is decided by the director, then forwarded to the primary target; a connection
+failure or a 5xx before the first byte moves on to the next fallback target (and, when those run
+out, to one fresh decision without the endpoints that failed). Responses stream through chunk by
+chunk as they arrive; nothing is buffered. A response that breaks mid-stream ends with an SSE error
+event (or a 502 if nothing was sent yet), and the endpoint leaves the candidates until its metrics
+answer again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from epick.datalayer.datastore import Datastore
+from epick.datalayer.models import ModelCatalog
+from epick.framework import Endpoint, Response
+from epick.framework.request import RequestKind
+from epick.requestcontrol.director import (
+    CONTROL_HEADERS,
+    PREFILL_HEADER,
+    REQUEST_ID_HEADER,
+    Decision,
+    Director,
+)
+from epick.requestcontrol.errors import RequestError
+
+log = logging.getLogger(__name__)
+
+ENDPOINT_HEADER = "x-epick-endpoint"
+_HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+     "transfer-encoding", "upgrade", "host", "content-length"}
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyOptions:
+    host: str = "0.0.0.0"
+    port: int = 8080
+    connect_timeout: float = 5.0
+    read_timeout: float = 600.0  # longest silence between two chunks of a response
+    max_body_bytes: int = 16 * 1024 * 1024
+
+
+class _AttemptFailedError(Exception):
+    """An attempt failed before anything reached the client; try the next endpoint."""
+
+    def __init__(self, reason: str, status: int = 502, body: bytes = b"") -> None:
+        super().__init__(reason)
+        self.status = status
+        self.body = body
+
+
+class Proxy:
+    def __init__(
+        self, director: Director, datastore: Datastore, catalog: ModelCatalog | None, options: ProxyOptions
+    ) -> None:
+        self.director = director
+        self.datastore = datastore
+        self.catalog = catalog
+        self.options = options
+        self.port = options.port
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.options.max_body_bytes)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        return app
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60)
+        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.options.host, self.options.port)
+        await site.start()
+        if self.options.port == 0:
+            self.port = int(self._runner.addresses[-1][1])
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "endpoints": len(self.datastore.snapshot())})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        cards = self.catalog.cards() if self.catalog is not None else []
+        return web.json_response({"object": "list", "data": cards})
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "completion", "/v1/completions")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "chat", "/v1/chat/completions")
+
+    async def _handle(self, http: web.Request, kind: RequestKind, path: str) -> web.StreamResponse:
+        try:
+            body = await http.read()
+        except web.HTTPRequestEntityTooLarge as e:
+            return _error(RequestError(413, str(e.text or "request body too large"), "body_too_large"))
+        try:
+            decision = self.director.decide(body, http.headers, kind)
+        except RequestError as e:
+            return _error(e)
+        tried: set[str] = set()
+        targets = list(decision.targets)
+        last = _AttemptFailedError("no endpoint answered", 503)
+        for round_ in range(2):
+            for endpoint in targets:
+                if endpoint.name in tried:
+                    continue
+                tried.add(endpoint.name)
+                try:
+                    return await self._forward(http, decision, endpoint, path)
+                except _AttemptFailedError as failure:
+                    last = failure
+                    log.warning(
+                        "request %s to %s failed: %s", decision.request.request_id, endpoint.name, failure
+                    )
+            if round_ == 0:
+                try:
+                    targets = list(self.director.schedule(decision.request, exclude=frozenset(tried)).targets)
+                except RequestError:
+                    break
+        if last.body:
+            return web.Response(status=last.status, body=last.body, content_type="application/json")
+        return _error(
+            RequestError(last.status, f"no endpoint could serve the request: {last}", "upstream_failed")
+        )
+
+    async def _forward(
+        self, http: web.Request, d: Decision, endpoint: Endpoint, path: str
+    ) -> web.StreamResponse:
+        assert self._session is not None
+        headers = {k: v for k, v in http.headers.items() if k.lower() not in _HOP_BY_HOP | CONTROL_HEADERS}
+        headers[REQUEST_ID_HEADER] = d.request.request_id
+        prefill = d.prefill
+        if prefill is not None:
+            headers[PREFILL_HEADER] = prefill.host_port
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self.options.connect_timeout, sock_read=self.options.read_timeout
+        )
+        url = f"http://{endpoint.host_port}{path}"
+        response = Response(d.request.request_id, streaming=d.request.body.stream)
+        try:
+            upstream = await self._session.post(url, data=d.body, headers=headers, timeout=timeout)
+        except (TimeoutError, aiohttp.ClientConnectionError) as e:
+            self.datastore.set_healthy(endpoint.name, False)
+            raise _AttemptFailedError(f"cannot connect: {type(e).__name__}: {e}") from None
+        try:
+            if upstream.status >= 500:
+                error_body = await upstream.read()
+                raise _AttemptFailedError(f"answered {upstream.status}", upstream.status, error_body)
+            response.status = upstream.status
+            response.headers = dict(upstream.headers)
+            if not d.request.body.stream:
+                return await self._whole(d, endpoint, upstream, response)
+            self.director.response_received(d.request, response, endpoint)
+            return await self._relay(http, d, endpoint, upstream, response)
+        finally:
+            upstream.release()
+
+    async def _whole(
+        self, d: Decision, endpoint: Endpoint, upstream: aiohttp.ClientResponse, response: Response
+    ) -> web.Response:
+        """A non-streaming response is small: read it whole, so a break can still go to another endpoint."""
+        try:
+            body = await upstream.read()
+        except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
+            self.datastore.set_healthy(endpoint.name, False)
+            raise _AttemptFailedError(f"response broke off: {type(e).__name__}: {e}") from None
+        self.director.response_received(d.request, response, endpoint)
+        response.chunk = body
+        response.end_of_stream = True
+        out = web.Response(status=upstream.status, body=body)
+        self._copy_headers(upstream, response, endpoint, out)
+        self.director.response_complete(d.request, response, endpoint)
+        return out
+
+    def _copy_headers(
+        self,
+        upstream: aiohttp.ClientResponse,
+        response: Response,
+        endpoint: Endpoint,
+        out: web.StreamResponse,
+    ) -> None:
+        for key in ("Content-Type", "Cache-Control"):
+            if key in upstream.headers:
+                out.headers[key] = upstream.headers[key]
+        for key, value in upstream.headers.items():
+            if key.lower().startswith("x-") and key.lower() not in CONTROL_HEADERS:
+                out.headers[key] = value
+        out.headers.update(response.add_headers)
+        out.headers[ENDPOINT_HEADER] = endpoint.name
+
+    async def _relay(
+        self,
+        http: web.Request,
+        d: Decision,
+        endpoint: Endpoint,
+        upstream: aiohttp.ClientResponse,
+        response: Response,
+    ) -> web.StreamResponse:
+        out = web.StreamResponse(status=upstream.status)
+        self._copy_headers(upstream, response, endpoint, out)
+        started = time.monotonic()
+        try:
+            await out.prepare(http)
+            async for chunk in upstream.content.iter_any():
+                await out.write(chunk)
+                response.chunk = chunk
+                self.director.response_streaming(d.request, response, endpoint)
+            response.chunk = b""
+            response.end_of_stream = True
+            await out.write_eof()
+        except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
+            # The model server broke off mid-response: tell the client cleanly, stop choosing the endpoint.
+            response.error = f"{type(e).__name__}: {e}"
+            self.datastore.set_healthy(endpoint.name, False)
+            log.warning(
+                "response from %s broke after %.2fs: %s", endpoint.name, time.monotonic() - started, e
+            )
+            event = {
+                "error": {
+                    "message": f"upstream {endpoint.name} failed mid-response",
+                    "type": "upstream_error",
+                }
+            }
+            try:
+                await out.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                await out.write_eof()
+            except (ConnectionResetError, RuntimeError):
+                pass
+        except (ConnectionResetError, asyncio.CancelledError):
+            response.error = "client disconnected"
+            raise
+        finally:
+            self.director.response_complete(d.request, response, endpoint)
+        return out
+
+
+def _error(e: RequestError) -> web.Response:
+    return web.Response(status=e.status, body=e.body(), content_type="application/json")

@@ -1,0 +1,1 @@
+"""Request control: parse, admit, schedule, run the request-control hooks. No HTTP server here."""

@@ -1,0 +1,54 @@
+"""Errors a front end returns to the client, with the status DESIGN §6 gives each."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestError(Exception):
+    status: int
+    message: str
+    code: str
+
+    def body(self) -> bytes:
+        kind = _TYPES.get(self.status, "server_error")
+        return json.dumps({"error": {"message": self.message, "type": kind, "code": self.code}}).encode()
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.code}: {self.message}"
+
+
+def bad_request(message: str) -> RequestError:
+    return RequestError(400, message, "bad_request")
+
+
+def too_large(size: int, limit: int) -> RequestError:
+    return RequestError(
+        413, f"request body of {size} bytes exceeds the limit of {limit} bytes", "body_too_large"
+    )
+
+
+def unknown_model(model: str, known: list[str]) -> RequestError:
+    return RequestError(
+        404,
+        f"model {model!r} is not served by any endpoint (served: {', '.join(known) or 'none'})",
+        "model_not_found",
+    )
+
+
+def no_endpoints(message: str = "no ready endpoint to serve the request") -> RequestError:
+    return RequestError(503, message, "no_endpoints")
+
+
+def shed(message: str) -> RequestError:
+    return RequestError(429, message, "shed")
