@@ -13,6 +13,7 @@ from epick.framework import CycleState, Endpoint, ScoredEndpoint
 from epick.plugins.pickers.max_score import MaxScorePicker
 from epick.plugins.pickers.params import PickerParameters
 from epick.plugins.pickers.random_picker import RandomPicker
+from epick.plugins.pickers.round_robin import RoundRobinPicker
 from epick.plugins.pickers.weighted_random import WeightedRandomPicker
 from tests.builders import make_endpoint, make_request
 
@@ -249,3 +250,19 @@ def test_picker_parameters_default_to_one_endpoint() -> None:
 def test_picker_parameters_need_at_least_one_endpoint(bad: int) -> None:
     with pytest.raises(ValidationError, match="greater than or equal to 1"):
         PickerParameters.model_validate({"maxNumOfEndpoints": bad})
+
+
+def test_round_robin_cycles_candidates_by_name_ignoring_scores() -> None:
+    picker = RoundRobinPicker(max_num_of_endpoints=1)
+    eps = [make_endpoint(n) for n in ("c", "a", "b")]
+    scored = [ScoredEndpoint(ep, score) for ep, score in zip(eps, (9.0, 0.0, 1.0), strict=True)]
+    picks = [picker.pick(make_request(), CycleState(), scored).targets[0].name for _ in range(6)]
+    assert picks == ["a", "b", "c", "a", "b", "c"]  # by name, in turn, scores ignored
+
+
+def test_round_robin_takes_k_consecutive() -> None:
+    picker = RoundRobinPicker(max_num_of_endpoints=2)
+    scored = [ScoredEndpoint(make_endpoint(n), 0.0) for n in ("a", "b", "c")]
+    first = picker.pick(make_request(), CycleState(), scored).targets
+    second = picker.pick(make_request(), CycleState(), scored).targets
+    assert [ep.name for ep in first] == ["a", "b"] and [ep.name for ep in second] == ["b", "c"]

@@ -39,6 +39,7 @@ from epick.plugins.filters.role import DecodeFilter, PrefillFilter
 from epick.plugins.filters.utilization import UtilizationDetector, UtilizationParameters
 from epick.plugins.pickers.max_score import MaxScorePicker
 from epick.plugins.pickers.random_picker import RandomPicker
+from epick.plugins.pickers.round_robin import RoundRobinPicker
 from epick.plugins.pickers.weighted_random import WeightedRandomPicker
 from epick.plugins.prefix.scorer import PrefixCacheScorer
 from epick.plugins.scorers.active_request import ActiveRequestScorer
@@ -302,6 +303,7 @@ def every_picker(k: int, seed: int) -> list[Any]:
         MaxScorePicker(max_num_of_endpoints=k, rng=random.Random(seed)),
         RandomPicker(max_num_of_endpoints=k, rng=random.Random(seed)),
         WeightedRandomPicker(max_num_of_endpoints=k, rng=random.Random(seed)),
+        RoundRobinPicker(max_num_of_endpoints=k),
     ]
 
 

@@ -1,7 +1,7 @@
 """The in-tree plugins, each in its own module, listed in one place."""
 
 from epick.plugins.filters import label_selector, role, utilization
-from epick.plugins.pickers import max_score, random_picker, weighted_random
+from epick.plugins.pickers import max_score, random_picker, round_robin, weighted_random
 from epick.plugins.prefix import scorer as prefix_scorer
 from epick.plugins.profile import deciders, disagg, shadow, single
 from epick.plugins.registry import PluginSpec, Registry
@@ -23,6 +23,7 @@ def in_tree_plugins() -> list[PluginSpec]:
         max_score.SPEC,
         random_picker.SPEC,
         weighted_random.SPEC,
+        round_robin.SPEC,
         queue.SPEC,
         running_requests.SPEC,
         kv_cache.SPEC,
