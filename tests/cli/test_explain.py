@@ -607,9 +607,9 @@ def test_lora_example_filters_the_saturated_endpoint(capsys: pytest.CaptureFixtu
     assert profile["scorers"][0]["scores"] == {"pod-a": 1.0, "pod-b": 0.0, "pod-c": 0.8}
 
 
-def test_demo_exits_0(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_examples_exits_0(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "200")
-    assert main(["demo"]) == 0
+    assert main(["examples"]) == 0
     text = plain(capsys.readouterr().out)
     for name in ("default", "lora", "pd", "shadow"):
         assert f"config/{name}.yaml" in text

@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 
 from epick import __version__
-from epick.cli import serve, sim_server
+from epick.cli import demo, serve, sim_server
 from epick.cli.explain import dumps, explain, render, replay_history
 from epick.cli.inputs import (
     InputError,
@@ -88,7 +88,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "explain"
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+def cmd_examples(args: argparse.Namespace) -> int:
     """Explain one decision per shipped config on the shipped endpoint state and history."""
     root = Path(args.examples)
     configs = Path(args.configs)
@@ -146,10 +146,14 @@ def build_parser() -> argparse.ArgumentParser:
     sim_server.add_parser(sub)
     serve.add_parser(sub)
 
-    demo = sub.add_parser("demo", help="explain decisions of the shipped configs on example endpoints")
-    demo.add_argument("--examples", default=str(EXAMPLES), help=argparse.SUPPRESS)
-    demo.add_argument("--configs", default=str(EXAMPLES.parents[1] / "config"), help=argparse.SUPPRESS)
-    demo.set_defaults(func=cmd_demo)
+    examples = sub.add_parser(
+        "examples", help="explain a decision of each shipped config on example endpoints"
+    )
+    examples.add_argument("--examples", default=str(EXAMPLES), help=argparse.SUPPRESS)
+    examples.add_argument("--configs", default=str(EXAMPLES.parents[1] / "config"), help=argparse.SUPPRESS)
+    examples.set_defaults(func=cmd_examples)
+
+    demo.add_parser(sub)
     return parser
 
 
