@@ -99,4 +99,7 @@ def run(args: argparse.Namespace) -> int:
         except OSError as e:
             print(f"epick sim-server: cannot listen: {e}", file=sys.stderr)
             return 2
+        except ValueError as e:
+            print(f"epick sim-server: {e}", file=sys.stderr)
+            return 2
     return 0

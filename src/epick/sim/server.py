@@ -36,7 +36,8 @@ class _Pending:
     """A request's channel from the engine loop to its HTTP response."""
 
     request: SimRequest
-    queue: asyncio.Queue[RequestOutput] = field(default_factory=asyncio.Queue)
+    # None: the server is stopping and no more output will come.
+    queue: asyncio.Queue[RequestOutput | None] = field(default_factory=asyncio.Queue)
 
 
 class SimServer:
@@ -47,6 +48,9 @@ class SimServer:
         self.engine = Engine(options.engine)
         self.metrics = ServerMetrics(self.engine, options.model)
         self.loras: dict[str, int] = {}
+        self._next_lora_id = 0
+        if options.lora_modules and options.engine.max_loras <= 0:
+            raise ValueError("--lora-modules needs LoRA slots: set --max-loras to 1 or more")
         for module in options.lora_modules:
             lora_name, _, _path = module.partition("=")
             self._add_lora(lora_name)
@@ -72,7 +76,7 @@ class SimServer:
         app.router.add_post("/v1/load_lora_adapter", self._load_lora)
         app.router.add_post("/v1/unload_lora_adapter", self._unload_lora)
         app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.options.host, self.port)
         await site.start()
@@ -89,6 +93,10 @@ class SimServer:
         self._loop_task = asyncio.create_task(self._run_engine(), name=f"engine {self.name}")
 
     async def stop(self) -> None:
+        # Requests in flight end now (streams with an error event, others with 503), so the HTTP
+        # side can close without waiting for them.
+        for pending in list(self._pending.values()):
+            pending.queue.put_nowait(None)
         if self._loop_task is not None:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -166,8 +174,10 @@ class SimServer:
     async def _read_json(self, request: web.Request) -> dict[str, Any]:
         try:
             body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise errors.bad_request("the request body is not valid JSON") from None
+        except (json.JSONDecodeError, UnicodeDecodeError, LookupError):
+            raise errors.bad_request(
+                "the request body is not valid JSON (or its charset is unknown)"
+            ) from None
         if not isinstance(body, dict):
             raise errors.bad_request("the request body must be a JSON object")
         return body
@@ -191,7 +201,10 @@ class SimServer:
     def _add_lora(self, name: str) -> None:
         if not name:
             raise errors.bad_request("lora_name is required", "lora_name")
-        self.loras[name] = len(self.loras) + 1 if name not in self.loras else self.loras[name]
+        if name not in self.loras:
+            # Ids only grow: an adapter loaded after an unload never shares another's cache blocks.
+            self._next_lora_id += 1
+            self.loras[name] = self._next_lora_id
 
     async def _load_lora(self, request: web.Request) -> web.Response:
         body = await self._read_json(request)
@@ -259,8 +272,8 @@ class SimServer:
             raise errors.model_not_found(model)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         if max_tokens is None:
-            max_tokens = self.options.default_max_tokens
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            max_tokens = 0  # unset: the generator picks the default, capped by the room left
+        elif not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise errors.bad_request("'max_tokens' must be a positive integer", "max_tokens")
         if self.options.failure_rate > 0 and self._rng.random() < self.options.failure_rate:
             kind = self._rng.choice(self.options.failure_types)
@@ -274,6 +287,8 @@ class SimServer:
         if not tokens:
             raise errors.bad_request("the prompt is empty", "messages" if chat else "prompt")
         max_len = self.options.engine.max_model_len
+        if max_tokens == 0:
+            max_tokens = max(1, min(self.options.default_max_tokens, max_len - len(tokens)))
         if len(tokens) + max_tokens > max_len:
             raise errors.context_length(max_len, len(tokens), max_tokens)
         stream = body.get("stream") is True
@@ -312,7 +327,10 @@ class SimServer:
                 self.engine.abort(request_id, self.sim_now())
 
     async def _next(self, pending: _Pending) -> RequestOutput:
-        return await pending.queue.get()
+        out = await pending.queue.get()
+        if out is None:
+            raise APIError(503, "the server is shutting down", "server_error", "service_unavailable")
+        return out
 
     async def _collect(self, pending: _Pending, writer: _Writer) -> web.Response:
         texts = []
@@ -336,7 +354,11 @@ class SimServer:
         for chunk in writer.opening():
             await response.write(_sse(chunk))
         while True:
-            out = await self._next(pending)
+            try:
+                out = await self._next(pending)
+            except APIError as e:
+                await response.write(_sse(e.body()))
+                break
             text = tokenizer.decode(out.new_token_ids)
             finish = self._finish_reason(pending.request) if out.finished else None
             chunk = writer.delta(text, finish)
