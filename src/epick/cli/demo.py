@@ -105,6 +105,7 @@ async def run_once(
     result = RunResult(label)
     items = workload.requests()
     task = progress.add_task(label, total=len(items))
+    assert service.proxy is not None
     url = f"http://127.0.0.1:{service.proxy.port}/v1/completions"
     try:
         async with aiohttp.ClientSession() as session:

@@ -19,6 +19,7 @@ from epick.datalayer.datastore import Datastore, EndpointSpec
 from epick.datalayer.discovery.static import DiscoveryError, load_endpoints_file, parse_endpoints_flag
 from epick.datalayer.models import ModelCatalog
 from epick.datalayer.scraper import ScraperPool
+from epick.extproc.server import ExtProcOptions, ExtProcServer
 from epick.plugins.filters.utilization import UtilizationDetector, UtilizationParameters
 from epick.plugins.registry import parse_duration
 from epick.proxy.server import Proxy, ProxyOptions
@@ -32,8 +33,10 @@ log = logging.getLogger("epick.serve")
 class ServeOptions:
     endpoints: tuple[EndpointSpec, ...]
     config_file: str | None = None
-    proxy: ProxyOptions = field(default_factory=ProxyOptions)
+    proxy: ProxyOptions | None = field(default_factory=ProxyOptions)
+    extproc: ExtProcOptions | None = None
     metrics_port: int | None = 9090
+    metrics_host: str = "0.0.0.0"
     refresh_metrics_interval: float = 0.05
     metrics_staleness_threshold: float | None = None
     objectives: tuple[tuple[str, int], ...] = ()
@@ -46,8 +49,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--config-file", help="EndpointPickerConfig (default: the built-in default config)")
     p.add_argument("--endpoints", help="static endpoints: host:port,host:port,...")
     p.add_argument("--endpoints-file", help="static endpoints with names and labels (YAML or JSON)")
-    p.add_argument("--proxy-host", default="0.0.0.0")
-    p.add_argument("--proxy-port", type=int, default=8080)
+    p.add_argument("--host", default="0.0.0.0", help="address every server of epick listens on")
+    p.add_argument("--proxy-port", type=int, default=8080, help="the OpenAI-compatible proxy")
+    p.add_argument("--no-proxy", action="store_true", help="do not run the proxy (a gateway uses ext_proc)")
+    p.add_argument("--grpc-port", type=int, default=9002, help="Envoy external processing (ext_proc)")
+    p.add_argument("--grpc-health-port", type=int, default=9003)
+    p.add_argument("--no-extproc", action="store_true", help="do not run the ext_proc server")
+    p.add_argument(
+        "--secure-serving",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="TLS on the ext_proc port (self-signed unless --cert-path), as the Go EPP",
+    )
+    p.add_argument("--cert-path", help="directory with tls.crt and tls.key for the ext_proc port")
     p.add_argument("--metrics-port", type=int, default=9090, help="epick's own /metrics (0: off)")
     p.add_argument("--refresh-metrics-interval", default="50ms", help="scrape interval per endpoint")
     p.add_argument(
@@ -88,14 +102,26 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
         return ServeOptions(
             endpoints=tuple(specs),
             config_file=args.config_file,
-            proxy=ProxyOptions(
-                host=args.proxy_host,
+            proxy=None
+            if args.no_proxy
+            else ProxyOptions(
+                host=args.host,
                 port=args.proxy_port,
                 connect_timeout=parse_duration(args.connect_timeout),
                 read_timeout=parse_duration(args.read_timeout),
                 max_body_bytes=args.max_body_bytes,
             ),
+            extproc=None
+            if args.no_extproc
+            else ExtProcOptions(
+                host=args.host,
+                port=args.grpc_port,
+                health_port=args.grpc_health_port,
+                secure=args.secure_serving,
+                cert_path=args.cert_path,
+            ),
             metrics_port=args.metrics_port or None,
+            metrics_host=args.host,
             refresh_metrics_interval=parse_duration(args.refresh_metrics_interval),
             metrics_staleness_threshold=staleness,
             objectives=tuple(objectives),
@@ -119,12 +145,15 @@ class Service:
         self.director = Director(
             self._prepare(self.config),
             self.datastore,
-            max_body_bytes=options.proxy.max_body_bytes,
+            max_body_bytes=options.proxy.max_body_bytes if options.proxy else ProxyOptions().max_body_bytes,
             objectives=dict(options.objectives),
             known_models=self.catalog.known,
             observer=self.metrics,
         )
-        self.proxy = Proxy(self.director, self.datastore, self.catalog, options.proxy)
+        self.proxy = (
+            Proxy(self.director, self.datastore, self.catalog, options.proxy) if options.proxy else None
+        )
+        self.extproc = ExtProcServer(self.director, options.extproc) if options.extproc else None
         self._metrics_runner: web.AppRunner | None = None
 
     def _load(self) -> LoadedConfig:
@@ -158,18 +187,24 @@ class Service:
     async def start(self) -> None:
         await self.scrapers.start()
         await self.catalog.start()
-        await self.proxy.start()
+        if self.proxy is not None:
+            await self.proxy.start()
+        if self.extproc is not None:
+            await self.extproc.start()
         if self.options.metrics_port is not None:
             app = web.Application()
             app.router.add_get("/metrics", self._serve_metrics)
             self._metrics_runner = web.AppRunner(app, access_log=None)
             await self._metrics_runner.setup()
             await web.TCPSite(
-                self._metrics_runner, self.options.proxy.host, self.options.metrics_port
+                self._metrics_runner, self.options.metrics_host, self.options.metrics_port
             ).start()
 
     async def stop(self) -> None:
-        await self.proxy.stop()
+        if self.proxy is not None:
+            await self.proxy.stop()
+        if self.extproc is not None:
+            await self.extproc.stop()
         await self.catalog.stop()
         await self.scrapers.stop()
         if self._metrics_runner is not None:
@@ -192,10 +227,11 @@ async def _main(options: ServeOptions) -> None:
     with contextlib.suppress(NotImplementedError):
         loop.add_signal_handler(signal.SIGHUP, service.reload)
     log.info(
-        "epick serving %d endpoints; proxy on %s:%d, metrics on :%s",
+        "epick serving %d endpoints; proxy on :%s, ext_proc on :%s (%s), metrics on :%s",
         len(options.endpoints),
-        options.proxy.host,
-        service.proxy.port,
+        service.proxy.port if service.proxy else "off",
+        service.extproc.port if service.extproc else "off",
+        "TLS" if options.extproc and options.extproc.secure else "plaintext",
         options.metrics_port,
     )
     try:

@@ -1,0 +1,1 @@
+"""Envoy external processing: how a gateway asks epick where each request goes."""
