@@ -29,6 +29,7 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_schedule.py
 	$(BIN)/python benchmarks/bench_sim.py
+	$(BIN)/python benchmarks/bench_service.py
 
 demo: $(STAMP)
 	$(BIN)/epick demo
