@@ -22,7 +22,13 @@ from epick.framework.plugin import NamedPlugin, Plugin, TypedName, state_key
 from epick.framework.profile import SchedulerProfile, WeightedScorer
 from epick.framework.request import BadRequestError, ChatMessage, InferenceRequest, RequestBody
 from epick.framework.response import Response, Usage
-from epick.framework.results import ProfileRunResult, SchedulingResult, ScoredEndpoint
+from epick.framework.results import (
+    ProfileRunResult,
+    SchedulingResult,
+    ScoredEndpoint,
+    ScoredEndpoints,
+    split_scored,
+)
 from epick.framework.scheduler import Scheduler
 from epick.framework.trace import ScheduleTrace
 
@@ -56,9 +62,11 @@ __all__ = [
     "SchedulingError",
     "SchedulingResult",
     "ScoredEndpoint",
+    "ScoredEndpoints",
     "Scorer",
     "TypedName",
     "Usage",
     "WeightedScorer",
+    "split_scored",
     "state_key",
 ]

@@ -12,7 +12,7 @@ from epick.framework.endpoint import Endpoint
 from epick.framework.errors import EndpointsFilteredError, SchedulingError
 from epick.framework.interfaces import FILTER, PICKER, SCORER, Filter, Picker, PluginTimer, Scorer
 from epick.framework.request import InferenceRequest
-from epick.framework.results import ProfileRunResult, ScoredEndpoint
+from epick.framework.results import ProfileRunResult, ScoredEndpoints
 from epick.framework.trace import FilterStep, ProfileTrace, ScorerStep
 
 
@@ -49,7 +49,7 @@ class SchedulerProfile:
         """One scheduling cycle of this profile over `endpoints`; raises `SchedulingError`."""
         survivors = self._filter(request, cycle_state, endpoints, trace, timer)
         totals = self._score(request, cycle_state, survivors, trace, timer)
-        scored = list(map(ScoredEndpoint._make, zip(survivors, totals, strict=True)))
+        scored = ScoredEndpoints(survivors, totals)
         start = time.perf_counter() if timer is not None else 0.0
         result = self.picker.pick(request, cycle_state, scored)
         if timer is not None:
@@ -124,9 +124,15 @@ class SchedulerProfile:
                     profile=self.name,
                     plugin=str(ws.scorer.typed_name),
                 )
-            # Clamp to [0, 1]; NaN fails both comparisons and becomes 0.
-            clamped = [1.0 if s > 1.0 else (s if s >= 0.0 else 0.0) for s in raw]
             weight = ws.weight
+            if trace is None:
+                # Clamp to [0, 1] and weigh in one pass; NaN fails both comparisons and adds 0.
+                totals = [
+                    t + (weight if s > 1.0 else (weight * s if s >= 0.0 else 0.0))
+                    for t, s in zip(totals, raw, strict=True)
+                ]
+                continue
+            clamped = [1.0 if s > 1.0 else (s if s >= 0.0 else 0.0) for s in raw]
             totals = [t + weight * s for t, s in zip(totals, clamped, strict=True)]
             if trace is not None:
                 trace.scorers.append(

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 from epick.framework.endpoint import Endpoint
 
@@ -14,6 +14,39 @@ class ScoredEndpoint(NamedTuple):
 
     endpoint: Endpoint
     score: float
+
+
+class ScoredEndpoints(Sequence[ScoredEndpoint]):
+    """What the runtime hands a picker: the survivors with their totals, as a sequence of
+    `ScoredEndpoint` built on access, and as the parallel lists `endpoints` and `scores` for pickers
+    that would rather not build an object per endpoint."""
+
+    __slots__ = ("endpoints", "scores")
+
+    def __init__(self, endpoints: Sequence[Endpoint], scores: Sequence[float]) -> None:
+        self.endpoints = endpoints
+        self.scores = scores
+
+    def __len__(self) -> int:
+        return len(self.endpoints)
+
+    @overload
+    def __getitem__(self, i: int) -> ScoredEndpoint: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[ScoredEndpoint]: ...
+
+    def __getitem__(self, i: int | slice) -> ScoredEndpoint | Sequence[ScoredEndpoint]:
+        if isinstance(i, slice):
+            return [ScoredEndpoint(e, s) for e, s in zip(self.endpoints[i], self.scores[i], strict=True)]
+        return ScoredEndpoint(self.endpoints[i], self.scores[i])
+
+
+def split_scored(scored: Sequence[ScoredEndpoint]) -> tuple[Sequence[Endpoint], Sequence[float]]:
+    """(endpoints, scores) of a picker's input, without copying when the runtime built it."""
+    if isinstance(scored, ScoredEndpoints):
+        return scored.endpoints, scored.scores
+    return [s.endpoint for s in scored], [s.score for s in scored]
 
 
 @dataclass(frozen=True, slots=True)

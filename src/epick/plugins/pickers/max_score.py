@@ -10,7 +10,14 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from epick.framework import CycleState, InferenceRequest, NamedPlugin, ProfileRunResult, ScoredEndpoint
+from epick.framework import (
+    CycleState,
+    InferenceRequest,
+    NamedPlugin,
+    ProfileRunResult,
+    ScoredEndpoint,
+    split_scored,
+)
 from epick.plugins.pickers.params import PickerParameters
 from epick.plugins.registry import Handle, PluginSpec
 
@@ -30,16 +37,18 @@ class MaxScorePicker(NamedPlugin):
     def pick(
         self, request: InferenceRequest, cycle_state: CycleState, scored: Sequence[ScoredEndpoint]
     ) -> ProfileRunResult:
-        if not scored:
+        endpoints, scores = split_scored(scored)
+        if not endpoints:
             return ProfileRunResult(())
         k = self.max_num_of_endpoints
         if k == 1:
-            best = max(s.score for s in scored)
-            ties = [s.endpoint for s in scored if s.score == best]
-            return ProfileRunResult((ties[self._rng.randrange(len(ties))] if len(ties) > 1 else ties[0],))
+            best = max(scores)
+            ties = [i for i, s in enumerate(scores) if s == best]
+            pick = ties[self._rng.randrange(len(ties))] if len(ties) > 1 else ties[0]
+            return ProfileRunResult((endpoints[pick],))
         tiebreak = self._rng.random
-        order = sorted(scored, key=lambda s: (-s.score, tiebreak()))
-        return ProfileRunResult(tuple(s.endpoint for s in order[:k]))
+        order = sorted(range(len(endpoints)), key=lambda i: (-scores[i], tiebreak()))
+        return ProfileRunResult(tuple(endpoints[i] for i in order[:k]))
 
 
 def _factory(name: str, params: PickerParameters, handle: Handle) -> MaxScorePicker:

@@ -5,7 +5,14 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from epick.framework import CycleState, InferenceRequest, NamedPlugin, ProfileRunResult, ScoredEndpoint
+from epick.framework import (
+    CycleState,
+    InferenceRequest,
+    NamedPlugin,
+    ProfileRunResult,
+    ScoredEndpoint,
+    split_scored,
+)
 from epick.plugins.pickers.params import PickerParameters
 from epick.plugins.registry import Handle, PluginSpec
 
@@ -25,9 +32,10 @@ class RandomPicker(NamedPlugin):
     def pick(
         self, request: InferenceRequest, cycle_state: CycleState, scored: Sequence[ScoredEndpoint]
     ) -> ProfileRunResult:
-        k = min(self.max_num_of_endpoints, len(scored))
-        chosen = self._rng.sample(range(len(scored)), k)
-        return ProfileRunResult(tuple(scored[i].endpoint for i in chosen))
+        endpoints, _ = split_scored(scored)
+        k = min(self.max_num_of_endpoints, len(endpoints))
+        chosen = self._rng.sample(range(len(endpoints)), k)
+        return ProfileRunResult(tuple(endpoints[i] for i in chosen))
 
 
 def _factory(name: str, params: PickerParameters, handle: Handle) -> RandomPicker:

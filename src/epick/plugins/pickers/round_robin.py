@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from epick.framework import CycleState, InferenceRequest, NamedPlugin, ProfileRunResult, ScoredEndpoint
+from epick.framework import (
+    CycleState,
+    InferenceRequest,
+    NamedPlugin,
+    ProfileRunResult,
+    ScoredEndpoint,
+    split_scored,
+)
 from epick.plugins.pickers.params import PickerParameters
 from epick.plugins.registry import Handle, PluginSpec
 
@@ -27,7 +34,7 @@ class RoundRobinPicker(NamedPlugin):
     def pick(
         self, request: InferenceRequest, cycle_state: CycleState, scored: Sequence[ScoredEndpoint]
     ) -> ProfileRunResult:
-        order = sorted((s.endpoint for s in scored), key=lambda ep: ep.name)
+        order = sorted(split_scored(scored)[0], key=lambda ep: ep.name)
         n = len(order)
         if n == 0:
             return ProfileRunResult(())

@@ -5,9 +5,8 @@ Built only from the router's own decisions (no feedback from the servers), hence
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from itertools import chain
 
 
 class PrefixIndex:
@@ -45,15 +44,25 @@ class PrefixIndex:
         As the Go EPP counts: an endpoint gains one for every block it holds before the first block
         no endpoint holds (not necessarily a contiguous run of its own).
         """
-        holders = self._holders
-        found = []
+        counts: dict[str, int] = {}
+        get = self._holders.get
+        previous: set[str] | None = None
+        run = 0
+        # Consecutive blocks are usually held by the same endpoints: count runs, not blocks.
         for h in hashes:
-            holder = holders.get(h)
+            holder = get(h)
             if not holder:
                 break
-            found.append(holder)
-        counts: Counter[str] = Counter()
-        counts.update(chain.from_iterable(found))
+            if holder == previous:
+                run += 1
+                continue
+            if previous:
+                for name in previous:
+                    counts[name] = counts.get(name, 0) + run
+            previous, run = holder, 1
+        if previous:
+            for name in previous:
+                counts[name] = counts.get(name, 0) + run
         return counts
 
     def remove_endpoint(self, endpoint: str) -> None:
