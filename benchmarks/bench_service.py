@@ -276,16 +276,16 @@ async def bench_service(quick: bool) -> dict[str, float]:
             results["proxy_rps"] = await throughput(
                 [f"http://127.0.0.1:{proxy_port}/v1/completions"], n * 3, 64
             )
-            with tempfile.TemporaryDirectory() as tmp:
-                path = Path(tmp) / "envoy.yaml"
-                path.write_text(envoy_config(listen, admin, grpc_port))
-                envoy = str(Path(sys.executable).with_name("envoy"))
-                with process([envoy, "-c", str(path), "--concurrency", "1", "--log-level", "error",
-                              "--base-id", str(listen)]):  # fmt: skip
-                    await wait_http(f"http://127.0.0.1:{admin}/ready")
-                    results["envoy_rps"] = await throughput(
-                        [f"http://127.0.0.1:{listen}/v1/completions"], n * 3, 64
-                    )
+            for body_mode in ("STREAMED", "NONE"):
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = Path(tmp) / "envoy.yaml"
+                    path.write_text(envoy_config(listen, admin, grpc_port, body_mode))
+                    envoy = str(Path(sys.executable).with_name("envoy"))
+                    with process([envoy, "-c", str(path), "--concurrency", "1", "--log-level", "error",
+                                  "--base-id", str(listen)]):  # fmt: skip
+                        await wait_http(f"http://127.0.0.1:{admin}/ready")
+                        url = f"http://127.0.0.1:{listen}/v1/completions"
+                        results[f"envoy_{body_mode}_rps"] = await throughput([url], n * 3, 64)
     return results
 
 
@@ -313,8 +313,10 @@ def main() -> None:
               f"{r['proxy_p99'] / r['direct_p99']:.2f}")  # fmt: skip
     t.add_row("requests/s, 64 streams, proxy", f"{r['direct_rps']:,.0f}", f"{r['proxy_rps']:,.0f}",
               f"{r['proxy_rps'] / r['direct_rps']:.2f}")  # fmt: skip
-    t.add_row("requests/s, 64 streams, Envoy + ext_proc", f"{r['direct_rps']:,.0f}", f"{r['envoy_rps']:,.0f}",
-              f"{r['envoy_rps'] / r['direct_rps']:.2f}")  # fmt: skip
+    for mode, label in (("STREAMED", "every chunk to epick"), ("NONE", "no response body to epick")):
+        rps = r[f"envoy_{mode}_rps"]
+        row = f"requests/s, 64 streams, Envoy + ext_proc, {label}"
+        t.add_row(row, f"{r['direct_rps']:,.0f}", f"{rps:,.0f}", f"{rps / r['direct_rps']:.2f}")
     console.print(t)
 
 

@@ -17,6 +17,7 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from string import Template
+from typing import Any
 
 import aiohttp
 import pytest
@@ -45,7 +46,9 @@ def free_port() -> int:
 
 
 class Gateway:
-    def __init__(self, service: Service, sims: list[SimServer], tmp: Path) -> None:
+    def __init__(
+        self, service: Service, sims: list[SimServer], tmp: Path, body_mode: str = "STREAMED"
+    ) -> None:
         self.service = service
         self.sims = sims
         self.listen_port = free_port()
@@ -56,6 +59,7 @@ class Gateway:
             admin_port=self.admin_port,
             grpc_port=service.extproc.port,
             failure_mode_allow="false",
+            response_body_mode=body_mode,
         )
         path = tmp / "envoy.yaml"
         path.write_text(config)
@@ -76,6 +80,14 @@ class Gateway:
             return decision
 
         director.decide = recording  # type: ignore[method-assign]
+        self.completed: list[str] = []
+        complete = director.response_complete
+
+        def counting(request: Any, response: Any, endpoint: Any) -> None:
+            self.completed.append(request.request_id)
+            complete(request, response, endpoint)
+
+        director.response_complete = counting  # type: ignore[method-assign]
 
     @property
     def url(self) -> str:
@@ -103,8 +115,8 @@ class Gateway:
         self.log.close()
 
 
-@pytest.fixture
-async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
+@pytest.fixture(params=["STREAMED", "NONE"])
+async def gateway(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Gateway]:
     engine = ServerOptions.engine_config(num_gpu_blocks=4000)
     sims = [SimServer(ServerOptions(port=0, time_scale=100, engine=engine), i) for i in range(3)]
     for s in sims:
@@ -120,7 +132,7 @@ async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
     )
     service = Service(options)
     await service.start()
-    gw = Gateway(service, sims, tmp_path)
+    gw = Gateway(service, sims, tmp_path, request.param)
     try:
         async with aiohttp.ClientSession() as session:
             await gw.wait_ready(session)
@@ -148,6 +160,13 @@ async def test_every_request_lands_where_epick_chose(gateway: Gateway) -> None:
     assert set(landed) == set(gateway.decisions)
     for request_id, server in landed.items():
         assert server == gateway.decisions[request_id].targets[0].host_port
+    # Whatever the response body mode, every response is reported complete (in NONE mode, when Envoy
+    # closes the stream), so in-flight counts cannot leak.
+    for _ in range(200):
+        if set(gateway.completed) >= set(landed):
+            break
+        await asyncio.sleep(0.01)
+    assert set(gateway.completed) >= set(landed)
 
 
 async def test_streaming_passes_through_envoy(gateway: Gateway) -> None:
