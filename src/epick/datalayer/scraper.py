@@ -13,10 +13,9 @@ import contextlib
 import logging
 import time
 
-import aiohttp
-
 from epick.datalayer.datastore import Datastore, EndpointSpec
 from epick.datalayer.engines import ENGINE_LABEL, engine_names
+from epick.datalayer.http import HTTPError, MetricsClient
 from epick.datalayer.parse import MetricsParseError, parse_metrics
 
 log = logging.getLogger(__name__)
@@ -27,20 +26,17 @@ class Scraper:
         self,
         spec: EndpointSpec,
         datastore: Datastore,
-        session: aiohttp.ClientSession,
         *,
         interval: float = 0.05,
         timeout: float = 1.0,
         unhealthy_after: int = 3,
-        scheme: str = "http",
         path: str = "/metrics",
     ) -> None:
         self.spec = spec
         self.datastore = datastore
-        self.session = session
         self.interval = interval
-        self.timeout = aiohttp.ClientTimeout(total=timeout)
-        self.url = f"{scheme}://{spec.host_port}{path}"
+        self.client = MetricsClient(spec.address, spec.port, path, timeout)
+        self.url = f"http://{spec.host_port}{path}"
         self.names = engine_names(spec.labels.get(ENGINE_LABEL))
         self.unhealthy_after = unhealthy_after
         self.last_error: str | None = None
@@ -57,16 +53,16 @@ class Scraper:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        self.client.close()
 
     async def scrape_once(self) -> None:
         started = time.time()
         try:
-            async with self.session.get(self.url, timeout=self.timeout) as response:
-                if response.status != 200:
-                    raise MetricsParseError(f"HTTP {response.status}")
-                text = await response.text()
+            status, text = await self.client.get()
+            if status != 200:
+                raise MetricsParseError(f"HTTP {status}")
             metrics = parse_metrics(text, self.names, update_time=started)
-        except (TimeoutError, MetricsParseError, aiohttp.ClientError, UnicodeDecodeError) as e:
+        except (TimeoutError, OSError, HTTPError, MetricsParseError, ValueError) as e:
             self.failures += 1
             self.consecutive_failures += 1
             if self.consecutive_failures >= self.unhealthy_after:
@@ -104,12 +100,11 @@ class ScraperPool:
         self.interval = interval
         self.timeout = timeout
         self.scrapers: dict[str, Scraper] = {}
-        self._session: aiohttp.ClientSession | None = None
+        self._started = False
         self._stopping: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
-        self._session = aiohttp.ClientSession(connector=connector)
+        self._started = True
         for spec in self.datastore.specs():
             self._changed(spec.name, spec)
         self.datastore.subscribe(self._changed)
@@ -120,10 +115,8 @@ class ScraperPool:
             task = asyncio.get_running_loop().create_task(old.stop())
             self._stopping.add(task)
             task.add_done_callback(self._stopping.discard)
-        if spec is not None and self._session is not None:
-            scraper = Scraper(
-                spec, self.datastore, self._session, interval=self.interval, timeout=self.timeout
-            )
+        if spec is not None and self._started:
+            scraper = Scraper(spec, self.datastore, interval=self.interval, timeout=self.timeout)
             self.scrapers[name] = scraper
             scraper.start()
 
@@ -133,5 +126,4 @@ class ScraperPool:
         self.scrapers.clear()
         if self._stopping:
             await asyncio.gather(*self._stopping, return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
+        self._started = False
