@@ -242,10 +242,14 @@ async def throughput(urls: list[str], n: int, concurrency: int) -> float:
         return done / (time.perf_counter() - start)
 
 
-def envoy_config(listen: int, admin: int, grpc: int) -> str:
+def envoy_config(listen: int, admin: int, grpc: int, body_mode: str) -> str:
     template = Template((ROOT / "tests" / "extproc" / "envoy.yaml.tmpl").read_text())
     return template.substitute(
-        listen_port=listen, admin_port=admin, grpc_port=grpc, failure_mode_allow="false"
+        listen_port=listen,
+        admin_port=admin,
+        grpc_port=grpc,
+        failure_mode_allow="false",
+        response_body_mode=body_mode,
     )
 
 
