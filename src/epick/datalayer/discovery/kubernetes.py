@@ -190,6 +190,9 @@ class KubernetesDiscovery:
             raise DiscoveryError(
                 f"{self.source}: {self._host} does not answer as a Kubernetes API server: {_describe(e)}"
             ) from None
+        except BaseException:  # cancelled, or a bug: still close a client made here
+            await self._close_client()
+            raise
         self._pod_task = asyncio.create_task(
             self._reflect(self._pods_collection(), pod_rv, self._pods_listed, self._pod_event)
         )
@@ -394,9 +397,9 @@ class KubernetesDiscovery:
             "changed" if self._pool_present else "appeared",
             _describe_target(target),
         )
+        await self._stop_pods()
         self._pool_present = True
         self._target = target
-        await self._stop_pods()
         self._pod_task = asyncio.create_task(
             self._reflect(self._pods_collection(), None, self._pods_listed, self._pod_event)
         )
@@ -569,11 +572,13 @@ async def _check(resp: Any) -> None:
 
 
 async def _cancel(task: asyncio.Task[None] | None) -> None:
-    if task is None or task.done():
+    """Cancel a task and wait for it to end; a cancellation of the caller itself still propagates."""
+    if task is None:
         return
     task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await asyncio.wait([task])
+    if not task.cancelled() and task.exception() is not None:
+        log.error("Kubernetes discovery task failed", exc_info=task.exception())
 
 
 def _metadata(obj: Json) -> Json:

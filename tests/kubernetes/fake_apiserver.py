@@ -1,0 +1,569 @@
+"""A small in-memory Kubernetes API server: enough of list and watch for pods and InferencePools that the
+real kubernetes-asyncio client (and epick's Kubernetes discovery) can run against it.
+
+Every change gets the next resourceVersion (one counter, as etcd's revision) and goes into an event log.
+A watch from version N replays the logged events newer than N, then streams new ones as they happen; a
+watch without a version (or "0") starts with synthetic ADDED events for what exists. A label or field
+selector turns a MODIFIED event into ADDED or DELETED when the object starts or stops matching, as the
+real API server's watch cache does. `timeoutSeconds` ends a watch (times `timeout_scale`, so that tests
+need not wait whole seconds), after a BOOKMARK when the client allows them. A watch from a version older
+than the log keeps (see `expire_history`) is answered 410 Gone: a Status object with HTTP 410, or with
+`gone_as_event` an ERROR event on a 200 stream, the two ways real servers say it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+Json = dict[str, Any]
+Matcher = Callable[[Json], bool]
+
+POOL_V1 = ("inference.networking.k8s.io", "v1")
+POOL_V1ALPHA2 = ("inference.networking.x-k8s.io", "v1alpha2")
+PODS = "pods"
+
+
+def _pool_resource(group: str, version: str) -> str:
+    return f"{group}/{version}/inferencepools"
+
+
+# label selectors
+
+
+class SelectorError(ValueError):
+    pass
+
+
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?"
+_VALUE = r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?"
+_SET = re.compile(rf"^(?P<key>{_NAME})\s+(?P<op>in|notin)\s*\((?P<values>[^()]*)\)$")
+_EQ = re.compile(rf"^(?P<key>{_NAME})\s*(?P<op>==|=|!=)\s*(?P<value>{_VALUE})$")
+_EXISTS = re.compile(rf"^(?P<neg>!?)\s*(?P<key>{_NAME})$")
+
+
+def _split_top_level(selector: str) -> list[str]:
+    parts, depth, current = [], 0, []
+    for ch in selector:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                raise SelectorError("unbalanced ')'")
+        if ch == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    if depth:
+        raise SelectorError("unbalanced '('")
+    parts.append("".join(current))
+    return parts
+
+
+def parse_label_selector(selector: str) -> Callable[[Mapping[str, str]], bool]:
+    """`k=v`, `k==v`, `k!=v`, `k in (a,b)`, `k notin (a)`, `k`, `!k`, joined by commas (all must hold)."""
+    tests: list[Callable[[Mapping[str, str]], bool]] = []
+    if not selector.strip():
+        return lambda labels: True
+    for raw in _split_top_level(selector):
+        req = raw.strip()
+        if m := _SET.match(req):
+            key, values = m["key"], {v.strip() for v in m["values"].split(",")}
+            if not all(re.fullmatch(_VALUE, v) for v in values):
+                raise SelectorError(f"invalid value in {req!r}")
+            if m["op"] == "in":
+                tests.append(lambda labels, k=key, vs=values: labels.get(k) in vs)
+            else:
+                tests.append(lambda labels, k=key, vs=values: labels.get(k) not in vs)
+        elif m := _EQ.match(req):
+            key, value = m["key"], m["value"]
+            if m["op"] == "!=":
+                tests.append(lambda labels, k=key, v=value: labels.get(k) != v)
+            else:
+                tests.append(lambda labels, k=key, v=value: labels.get(k) == v)
+        elif m := _EXISTS.match(req):
+            key = m["key"]
+            if m["neg"]:
+                tests.append(lambda labels, k=key: k not in labels)
+            else:
+                tests.append(lambda labels, k=key: k in labels)
+        else:
+            raise SelectorError(f"unable to parse requirement {req!r}")
+    return lambda labels: all(t(labels) for t in tests)
+
+
+def _parse_field_selector(selector: str) -> Matcher:
+    """Only `metadata.name=X` (or `==`, `!=`), as a client filters one object by name."""
+    tests: list[Matcher] = []
+    for raw in selector.split(","):
+        req = raw.strip()
+        if not req:
+            continue
+        m = re.fullmatch(r"(metadata\.name|metadata\.namespace)\s*(==|=|!=)\s*(\S*)", req)
+        if not m:
+            raise SelectorError(f"field label not supported: {req!r}")
+        path, op, value = m.groups()
+        attr = path.split(".")[1]
+        if op == "!=":
+            tests.append(lambda obj, a=attr, v=value: obj["metadata"].get(a) != v)
+        else:
+            tests.append(lambda obj, a=attr, v=value: obj["metadata"].get(a) == v)
+    return lambda obj: all(t(obj) for t in tests)
+
+
+# the server
+
+
+@dataclass(slots=True)
+class _Event:
+    rv: int
+    resource: str
+    namespace: str
+    type: str  # ADDED, MODIFIED, DELETED
+    old: Json | None
+    new: Json
+
+
+@dataclass(eq=False, slots=True)
+class _Watcher:
+    resource: str
+    namespace: str
+    matches: Matcher
+    queue: asyncio.Queue[Json | None] = field(default_factory=asyncio.Queue)
+
+
+def _status(code: int, reason: str, message: str) -> Json:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+def _error(code: int, reason: str, message: str) -> web.Response:
+    return web.json_response(_status(code, reason, message), status=code)
+
+
+def _is_true(value: str | None) -> bool:
+    return (value or "").lower() in ("true", "1")
+
+
+class FakeApiServer:
+    """Pods and InferencePools in memory, served over list and watch. Use `await start()` / `await stop()`."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.served_pool_versions: set[tuple[str, str]] = {POOL_V1, POOL_V1ALPHA2}
+        self.gone_as_event = False
+        self.timeout_scale = 1.0
+        self.requests: list[tuple[str, dict[str, str]]] = []  # (path, query) of every request
+        self.gone_served = 0
+        self._rv = 1
+        self._min_rv = 0  # a watch from a version older than this is 410 Gone
+        self._objects: dict[tuple[str, str, str], Json] = {}  # (resource, namespace, name) -> object
+        self._log: list[_Event] = []
+        self._watchers: set[_Watcher] = set()
+        self._failures: list[int] = []
+        self._runner: web.AppRunner | None = None
+
+    # lifecycle
+
+    async def start(self) -> FakeApiServer:
+        app = web.Application()
+        app.router.add_get("/api/v1/namespaces/{ns}/pods", self._pods)
+        app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/inferencepools", self._pools)
+        app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/inferencepools/{name}", self._pool)
+        app.router.add_route("*", "/{tail:.*}", self._not_found)
+        app.middlewares.append(self._record)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}"
+        return self
+
+    async def stop(self) -> None:
+        self.end_watches()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # what tests do
+
+    def add_pod(
+        self,
+        name: str,
+        labels: Mapping[str, str],
+        ip: str | None,
+        ready: bool = True,
+        *,
+        namespace: str = "default",
+    ) -> Json:
+        key = (PODS, namespace, name)
+        if key in self._objects:
+            raise ValueError(f"pod {namespace}/{name} exists")
+        pod: Json = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": f"uid-{namespace}-{name}-{self._rv}",
+                "labels": dict(labels),
+                "creationTimestamp": "2025-01-01T00:00:00Z",
+            },
+            "spec": {"containers": [{"name": "server", "image": "vllm/vllm-openai"}]},
+            "status": {"phase": "Running"},
+        }
+        if ip:
+            pod["status"]["podIP"] = ip
+            pod["status"]["podIPs"] = [{"ip": ip}]
+        pod["status"]["conditions"] = self._conditions(ready)
+        return self._put(PODS, namespace, name, pod)
+
+    def set_ready(self, name: str, ready: bool, *, namespace: str = "default") -> Json:
+        pod = self._get(PODS, namespace, name)
+        pod["status"]["conditions"] = self._conditions(ready)
+        return self._put(PODS, namespace, name, pod)
+
+    def set_labels(self, name: str, labels: Mapping[str, str], *, namespace: str = "default") -> Json:
+        pod = self._get(PODS, namespace, name)
+        pod["metadata"]["labels"] = dict(labels)
+        return self._put(PODS, namespace, name, pod)
+
+    def set_ip(self, name: str, ip: str | None, *, namespace: str = "default") -> Json:
+        pod = self._get(PODS, namespace, name)
+        if ip:
+            pod["status"]["podIP"] = ip
+            pod["status"]["podIPs"] = [{"ip": ip}]
+        else:
+            pod["status"].pop("podIP", None)
+            pod["status"].pop("podIPs", None)
+        return self._put(PODS, namespace, name, pod)
+
+    def mark_deleting(self, name: str, *, namespace: str = "default") -> Json:
+        """A graceful delete's first step: deletionTimestamp set, the pod still there (and still Ready)."""
+        pod = self._get(PODS, namespace, name)
+        pod["metadata"]["deletionTimestamp"] = "2025-01-01T00:01:00Z"
+        pod["metadata"]["deletionGracePeriodSeconds"] = 30
+        return self._put(PODS, namespace, name, pod)
+
+    def delete_pod(self, name: str, *, namespace: str = "default") -> None:
+        self._delete(PODS, namespace, name)
+
+    def put_pool(
+        self,
+        name: str,
+        match_labels: Mapping[str, str],
+        ports: Iterable[int],
+        *,
+        namespace: str = "default",
+        version: str = "v1",
+    ) -> Json:
+        """Create or update an InferencePool: v1 (`spec.selector.matchLabels`, `spec.targetPorts`) or the
+        older v1alpha2 (`spec.selector` flat, `spec.targetPortNumber`: one port)."""
+        ports = list(ports)
+        if version == "v1":
+            group = POOL_V1[0]
+            spec: Json = {
+                "selector": {"matchLabels": dict(match_labels)},
+                "targetPorts": [{"number": p} for p in ports],
+                "endpointPickerRef": {"name": f"{name}-epp", "port": {"number": 9002}},
+            }
+        elif version == "v1alpha2":
+            if len(ports) != 1:
+                raise ValueError("a v1alpha2 InferencePool has exactly one targetPortNumber")
+            group = POOL_V1ALPHA2[0]
+            spec = {
+                "selector": dict(match_labels),
+                "targetPortNumber": ports[0],
+                "extensionRef": {"name": f"{name}-epp"},
+            }
+        else:
+            raise ValueError(f"unknown InferencePool version {version!r}")
+        resource = _pool_resource(group, version)
+        key = (resource, namespace, name)
+        pool = copy.deepcopy(self._objects[key]) if key in self._objects else None
+        if pool is None:
+            pool = {
+                "apiVersion": f"{group}/{version}",
+                "kind": "InferencePool",
+                "metadata": {"name": name, "namespace": namespace, "uid": f"uid-pool-{name}-{self._rv}"},
+            }
+        pool["spec"] = spec
+        return self._put(resource, namespace, name, pool)
+
+    def delete_pool(self, name: str, *, namespace: str = "default", version: str = "v1") -> None:
+        group = POOL_V1[0] if version == "v1" else POOL_V1ALPHA2[0]
+        self._delete(_pool_resource(group, version), namespace, name)
+
+    def expire_history(self) -> None:
+        """Forget the event log, as compaction does: a watch from any resourceVersion handed out so far is
+        answered 410 Gone. Active watches are ended, so clients come back with the version they hold."""
+        self._log.clear()
+        self._min_rv = self._rv + 1
+        self.end_watches()
+
+    def end_watches(self) -> None:
+        """End every open watch stream now (as timeoutSeconds or a restarting server would)."""
+        for watcher in self._watchers:
+            watcher.queue.put_nowait(None)
+        self._watchers.clear()
+
+    def fail_next(self, count: int = 1, status: int = 500) -> None:
+        """Answer the next `count` requests, whatever they are, with this error status."""
+        self._failures.extend([status] * count)
+
+    def watch_count(self, resource: str = PODS) -> int:
+        """Open watches on pods ("pods") or InferencePools ("inferencepools")."""
+        return sum(1 for w in self._watchers if w.resource.endswith(resource))
+
+    def request_count(self, *, watch: bool, resource: str = PODS) -> int:
+        return sum(
+            1 for path, q in self.requests if path.endswith(resource) and _is_true(q.get("watch")) == watch
+        )
+
+    @property
+    def resource_version(self) -> int:
+        return self._rv
+
+    # the store
+
+    @staticmethod
+    def _conditions(ready: bool) -> list[Json]:
+        status = "True" if ready else "False"
+        return [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "Initialized", "status": "True"},
+            {"type": "ContainersReady", "status": status},
+            {"type": "Ready", "status": status},
+        ]
+
+    def _get(self, resource: str, namespace: str, name: str) -> Json:
+        try:
+            return copy.deepcopy(self._objects[(resource, namespace, name)])
+        except KeyError:
+            raise KeyError(f"{resource} {namespace}/{name} not found") from None
+
+    def _next_rv(self) -> int:
+        self._rv += 1
+        return self._rv
+
+    def _put(self, resource: str, namespace: str, name: str, obj: Json) -> Json:
+        key = (resource, namespace, name)
+        old = self._objects.get(key)
+        rv = self._next_rv()
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["resourceVersion"] = str(rv)
+        self._objects[key] = obj
+        self._record_event(_Event(rv, resource, namespace, "MODIFIED" if old else "ADDED", old, obj))
+        return copy.deepcopy(obj)
+
+    def _delete(self, resource: str, namespace: str, name: str) -> None:
+        key = (resource, namespace, name)
+        old = self._objects.pop(key, None)
+        if old is None:
+            raise KeyError(f"{resource} {namespace}/{name} not found")
+        rv = self._next_rv()
+        gone = copy.deepcopy(old)
+        gone["metadata"]["resourceVersion"] = str(rv)
+        self._record_event(_Event(rv, resource, namespace, "DELETED", old, gone))
+
+    def _record_event(self, event: _Event) -> None:
+        self._log.append(event)
+        for watcher in self._watchers:
+            if (watcher.resource, watcher.namespace) == (event.resource, event.namespace):
+                out = self._as_seen_by(watcher.matches, event)
+                if out is not None:
+                    watcher.queue.put_nowait(out)
+
+    @staticmethod
+    def _as_seen_by(matches: Matcher, event: _Event) -> Json | None:
+        was = event.old is not None and matches(event.old)
+        now = matches(event.new)
+        if event.type == "DELETED":
+            kind = "DELETED" if was else None
+        elif was and now:
+            kind = "MODIFIED"
+        elif now:
+            kind = "ADDED"
+        elif was:
+            kind = "DELETED"
+        else:
+            kind = None
+        return None if kind is None else {"type": kind, "object": copy.deepcopy(event.new)}
+
+    # HTTP
+
+    @web.middleware
+    async def _record(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        self.requests.append((request.path, dict(request.query)))
+        if self._failures:
+            code = self._failures.pop(0)
+            return _error(code, "InternalError" if code >= 500 else "BadRequest", f"injected failure {code}")
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    async def _not_found(self, request: web.Request) -> web.Response:
+        return _error(404, "NotFound", "the server could not find the requested resource")
+
+    async def _pods(self, request: web.Request) -> web.StreamResponse:
+        ns = request.match_info["ns"]
+        try:
+            labels = parse_label_selector(request.query.get("labelSelector", ""))
+            fields = _parse_field_selector(request.query.get("fieldSelector", ""))
+        except SelectorError as e:
+            return _error(400, "BadRequest", f"unable to parse requirement: {e}")
+
+        def matches(obj: Json) -> bool:
+            return labels(obj["metadata"].get("labels") or {}) and fields(obj)
+
+        return await self._list_or_watch(request, PODS, ns, matches, list_kind="PodList", api_version="v1")
+
+    async def _pools(self, request: web.Request) -> web.StreamResponse:
+        group, version, ns = (request.match_info[k] for k in ("group", "version", "ns"))
+        if (group, version) not in self.served_pool_versions:
+            return _error(404, "NotFound", "the server could not find the requested resource")
+        try:
+            labels = parse_label_selector(request.query.get("labelSelector", ""))
+            fields = _parse_field_selector(request.query.get("fieldSelector", ""))
+        except SelectorError as e:
+            return _error(400, "BadRequest", f"unable to parse requirement: {e}")
+
+        def matches(obj: Json) -> bool:
+            return labels(obj["metadata"].get("labels") or {}) and fields(obj)
+
+        resource = _pool_resource(group, version)
+        return await self._list_or_watch(
+            request, resource, ns, matches, list_kind="InferencePoolList", api_version=f"{group}/{version}"
+        )
+
+    async def _pool(self, request: web.Request) -> web.Response:
+        group, version, ns, name = (request.match_info[k] for k in ("group", "version", "ns", "name"))
+        if (group, version) not in self.served_pool_versions:
+            return _error(404, "NotFound", "the server could not find the requested resource")
+        obj = self._objects.get((_pool_resource(group, version), ns, name))
+        if obj is None:
+            return _error(404, "NotFound", f'inferencepools.{group} "{name}" not found')
+        return web.json_response(obj)
+
+    async def _list_or_watch(
+        self,
+        request: web.Request,
+        resource: str,
+        ns: str,
+        matches: Matcher,
+        *,
+        list_kind: str,
+        api_version: str,
+    ) -> web.StreamResponse:
+        if _is_true(request.query.get("watch")):
+            return await self._watch(request, resource, ns, matches)
+        items = [
+            copy.deepcopy(obj)
+            for (res, obj_ns, _), obj in sorted(self._objects.items())
+            if res == resource and obj_ns == ns and matches(obj)
+        ]
+        return web.json_response(
+            {
+                "kind": list_kind,
+                "apiVersion": api_version,
+                "metadata": {"resourceVersion": str(self._rv)},
+                "items": items,
+            }
+        )
+
+    async def _watch(
+        self, request: web.Request, resource: str, ns: str, matches: Matcher
+    ) -> web.StreamResponse:
+        since = request.query.get("resourceVersion", "")
+        backlog: list[Json]
+        if since in ("", "0"):
+            backlog = [
+                {"type": "ADDED", "object": copy.deepcopy(obj)}
+                for (res, obj_ns, _), obj in sorted(self._objects.items())
+                if res == resource and obj_ns == ns and matches(obj)
+            ]
+        else:
+            try:
+                from_rv = int(since)
+            except ValueError:
+                return _error(400, "BadRequest", f"invalid resourceVersion {since!r}")
+            if from_rv < self._min_rv:
+                self.gone_served += 1
+                gone = _status(410, "Expired", f"too old resource version: {from_rv} ({self._min_rv})")
+                if not self.gone_as_event:
+                    return web.json_response(gone, status=410)
+                backlog = [{"type": "ERROR", "object": gone}]
+                return await self._stream(request, None, backlog, None, False)
+            backlog = []
+            for event in self._log:
+                if event.rv > from_rv and (event.resource, event.namespace) == (resource, ns):
+                    out = self._as_seen_by(matches, event)
+                    if out is not None:
+                        backlog.append(out)
+        timeout: float | None = None
+        if "timeoutSeconds" in request.query:
+            timeout = float(request.query["timeoutSeconds"]) * self.timeout_scale
+        # Registered before the first await, so no change between the backlog and the live events is lost.
+        watcher = _Watcher(resource, ns, matches)
+        self._watchers.add(watcher)
+        try:
+            return await self._stream(
+                request, watcher, backlog, timeout, _is_true(request.query.get("allowWatchBookmarks"))
+            )
+        finally:
+            self._watchers.discard(watcher)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        watcher: _Watcher | None,
+        backlog: list[Json],
+        timeout: float | None,
+        bookmarks: bool,
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        try:
+            for event in backlog:
+                await response.write(json.dumps(event).encode() + b"\n")
+            if watcher is None:
+                return response
+            loop = asyncio.get_running_loop()
+            deadline = None if timeout is None else loop.time() + timeout
+            while True:
+                remaining = None if deadline is None else deadline - loop.time()
+                if remaining is not None and remaining <= 0:
+                    if bookmarks:
+                        bookmark = {
+                            "type": "BOOKMARK",
+                            "object": {"kind": "Pod", "metadata": {"resourceVersion": str(self._rv)}},
+                        }
+                        await response.write(json.dumps(bookmark).encode() + b"\n")
+                    break
+                try:
+                    event = await asyncio.wait_for(watcher.queue.get(), remaining)
+                except TimeoutError:
+                    continue
+                if event is None:
+                    break
+                await response.write(json.dumps(event).encode() + b"\n")
+            await response.write_eof()
+        except ConnectionResetError:
+            pass  # the client went away
+        return response
