@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from epick.config import ConfigError, LoadedConfig, load_config_file, load_default_config
 from epick.datalayer.datastore import Datastore, EndpointSpec
+from epick.datalayer.discovery.kubernetes import KubernetesDiscovery
 from epick.datalayer.discovery.static import DiscoveryError, load_endpoints_file, parse_endpoints_flag
 from epick.datalayer.models import ModelCatalog
 from epick.datalayer.scraper import ScraperPool
@@ -30,8 +32,18 @@ log = logging.getLogger("epick.serve")
 
 
 @dataclass(frozen=True, slots=True)
+class KubernetesOptions:
+    namespace: str
+    pool: str | None = None
+    selector: str | None = None
+    target_ports: tuple[int, ...] = ()
+    kubeconfig: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ServeOptions:
-    endpoints: tuple[EndpointSpec, ...]
+    endpoints: tuple[EndpointSpec, ...] = ()
+    kubernetes: KubernetesOptions | None = None
     config_file: str | None = None
     proxy: ProxyOptions | None = field(default_factory=ProxyOptions)
     extproc: ExtProcOptions | None = None
@@ -49,6 +61,21 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--config-file", help="EndpointPickerConfig (default: the built-in default config)")
     p.add_argument("--endpoints", help="static endpoints: host:port,host:port,...")
     p.add_argument("--endpoints-file", help="static endpoints with names and labels (YAML or JSON)")
+    p.add_argument(
+        "--pool-name", help="Kubernetes: the InferencePool whose pods to serve (also the metrics label)"
+    )
+    p.add_argument(
+        "--pool-namespace", default=None, help="Kubernetes namespace (default: $NAMESPACE or default)"
+    )
+    p.add_argument(
+        "--endpoint-selector", help="Kubernetes: serve pods matching this label selector instead of a pool"
+    )
+    p.add_argument(
+        "--endpoint-target-ports", default="8000", help="with --endpoint-selector: ports, comma-separated"
+    )
+    p.add_argument(
+        "--kubeconfig", help="Kubernetes: kubeconfig file (default: in-cluster, then ~/.kube/config)"
+    )
     p.add_argument("--host", default="0.0.0.0", help="address every server of epick listens on")
     p.add_argument("--proxy-port", type=int, default=8080, help="the OpenAI-compatible proxy")
     p.add_argument("--no-proxy", action="store_true", help="do not run the proxy (a gateway uses ext_proc)")
@@ -77,19 +104,39 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="NAME=PRIORITY",
         help="priority of an objective named by x-gateway-inference-objective (repeatable)",
     )
-    p.add_argument("--pool-name", default="epick")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
 
 
 def options_from(args: argparse.Namespace) -> ServeOptions:
     try:
+        kubernetes = None
+        specs: list[EndpointSpec] = []
+        sources = [
+            bool(args.endpoints_file),
+            bool(args.endpoints),
+            bool(args.pool_name or args.endpoint_selector),
+        ]
+        if sum(sources) != 1:
+            raise DiscoveryError(
+                "give one source of endpoints: --endpoints host:port,..., --endpoints-file FILE, "
+                "or Kubernetes with --pool-name NAME or --endpoint-selector SELECTOR"
+            )
         if args.endpoints_file:
             specs = load_endpoints_file(args.endpoints_file)
         elif args.endpoints:
             specs = parse_endpoints_flag(args.endpoints)
         else:
-            raise DiscoveryError("give --endpoints host:port,... or --endpoints-file FILE")
+            if args.pool_name and args.endpoint_selector:
+                raise DiscoveryError("give --pool-name or --endpoint-selector, not both")
+            ports = tuple(int(p) for p in args.endpoint_target_ports.split(",") if p.strip())
+            kubernetes = KubernetesOptions(
+                namespace=args.pool_namespace or os.environ.get("NAMESPACE", "default"),
+                pool=args.pool_name if not args.endpoint_selector else None,
+                selector=args.endpoint_selector,
+                target_ports=ports if args.endpoint_selector else (),
+                kubeconfig=args.kubeconfig,
+            )
         objectives = []
         for item in args.objective:
             name, sep, priority = item.partition("=")
@@ -101,6 +148,7 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
         )
         return ServeOptions(
             endpoints=tuple(specs),
+            kubernetes=kubernetes,
             config_file=args.config_file,
             proxy=None
             if args.no_proxy
@@ -125,7 +173,7 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
             refresh_metrics_interval=parse_duration(args.refresh_metrics_interval),
             metrics_staleness_threshold=staleness,
             objectives=tuple(objectives),
-            pool_name=args.pool_name,
+            pool_name=args.pool_name or "epick",
         )
     except (DiscoveryError, ValueError) as e:
         raise SystemExit(f"epick serve: {e}") from None
@@ -155,6 +203,17 @@ class Service:
         )
         self.extproc = ExtProcServer(self.director, options.extproc) if options.extproc else None
         self._metrics_runner: web.AppRunner | None = None
+        self.discovery: KubernetesDiscovery | None = None
+        k8s = options.kubernetes
+        if k8s is not None:
+            self.discovery = KubernetesDiscovery(
+                self.datastore,
+                k8s.namespace,
+                pool=k8s.pool,
+                selector=k8s.selector,
+                target_ports=list(k8s.target_ports) or None,
+                kubeconfig=k8s.kubeconfig,
+            )
 
     def _load(self) -> LoadedConfig:
         path = self.options.config_file
@@ -185,6 +244,8 @@ class Service:
         return True
 
     async def start(self) -> None:
+        if self.discovery is not None:
+            await self.discovery.start()  # lists first: endpoints are known before anything serves
         await self.scrapers.start()
         await self.catalog.start()
         if self.proxy is not None:
@@ -207,6 +268,8 @@ class Service:
             await self.extproc.stop()
         await self.catalog.stop()
         await self.scrapers.stop()
+        if self.discovery is not None:
+            await self.discovery.stop()
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()
 
@@ -227,8 +290,9 @@ async def _main(options: ServeOptions) -> None:
     with contextlib.suppress(NotImplementedError):
         loop.add_signal_handler(signal.SIGHUP, service.reload)
     log.info(
-        "epick serving %d endpoints; proxy on :%s, ext_proc on :%s (%s), metrics on :%s",
-        len(options.endpoints),
+        "epick serving %d endpoints from %s; proxy on :%s, ext_proc on :%s (%s), metrics on :%s",
+        len(service.datastore),
+        service.discovery.source if service.discovery else "a static list",
         service.proxy.port if service.proxy else "off",
         service.extproc.port if service.extproc else "off",
         "TLS" if options.extproc and options.extproc.secure else "plaintext",
@@ -251,6 +315,9 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         for issue in e.issues:
             print(issue.render(e.source), file=sys.stderr)
+        return 2
+    except DiscoveryError as e:
+        print(f"epick serve: {e}", file=sys.stderr)
         return 2
     except OSError as e:
         print(f"epick serve: {e}", file=sys.stderr)
