@@ -22,7 +22,7 @@ from epick.datalayer.discovery.static import DiscoveryError, load_endpoints_file
 from epick.datalayer.models import ModelCatalog
 from epick.datalayer.scraper import ScraperPool
 from epick.extproc.server import ExtProcOptions, ExtProcServer
-from epick.plugins.filters.utilization import UtilizationDetector, UtilizationParameters
+from epick.plugins.filters.utilization import UtilizationDetector
 from epick.plugins.registry import parse_duration
 from epick.proxy.server import Proxy, ProxyOptions
 from epick.requestcontrol.director import Director
@@ -227,8 +227,13 @@ class Service:
         config.scheduler.timer = self.metrics
         staleness = self.options.metrics_staleness_threshold
         if staleness is not None:
-            params = replace_params(config.saturation_detector, staleness)
-            config.saturation_detector = UtilizationDetector(config.saturation_detector.name, params)
+            # The admission detector and any utilization-detector used as a filter alike.
+            detectors = {id(d): d for d in config.plugins.values() if isinstance(d, UtilizationDetector)}
+            detectors[id(config.saturation_detector)] = config.saturation_detector
+            for detector in detectors.values():
+                detector.params = detector.params.model_copy(
+                    update={"metrics_staleness_threshold": staleness}
+                )
         return config
 
     def reload(self) -> bool:
@@ -277,10 +282,6 @@ class Service:
         return web.Response(
             body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
-
-
-def replace_params(detector: UtilizationDetector, staleness: float) -> UtilizationParameters:
-    return detector.params.model_copy(update={"metrics_staleness_threshold": staleness})
 
 
 async def _main(options: ServeOptions) -> None:

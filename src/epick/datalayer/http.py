@@ -29,13 +29,18 @@ class MetricsClient:
 
     async def get(self) -> tuple[int, str]:
         """(status, body text). Raises OSError, TimeoutError or HTTPError."""
-        async with asyncio.timeout(self.timeout):
-            try:
-                return await self._exchange()
-            except (ConnectionError, asyncio.IncompleteReadError, HTTPError):
-                # A kept-alive connection the server dropped: one fresh attempt.
-                self.close()
-                return await self._exchange()
+        try:
+            async with asyncio.timeout(self.timeout):
+                try:
+                    return await self._exchange()
+                except (ConnectionError, asyncio.IncompleteReadError, HTTPError):
+                    # A kept-alive connection the server dropped: one fresh attempt.
+                    self.close()
+                    return await self._exchange()
+        except BaseException:
+            # Never reuse a connection in an unknown state: a late answer would be read as the next one.
+            self.close()
+            raise
 
     async def _exchange(self) -> tuple[int, str]:
         if self._writer is None or self._writer.is_closing():

@@ -29,8 +29,14 @@ class _Sample:
     value: float
 
 
+_ESCAPE = re.compile(r"\\(.)")
+
+
 def _unescape(value: str) -> str:
-    return value.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\") if "\\" in value else value
+    """Label-value escapes of the text format (\\\\, \\", \\n), in one pass."""
+    if "\\" not in value:
+        return value
+    return _ESCAPE.sub(lambda m: "\n" if m[1] == "n" else m[1], value)
 
 
 def _scan(text: str, name: str) -> list[_Sample]:
@@ -145,5 +151,5 @@ def _int_label(labels: dict[str, str], key: str, metric: str) -> int:
         return 0
     try:
         return int(float(raw))
-    except ValueError:
+    except (ValueError, OverflowError):
         raise MetricsParseError(f"{metric}: label {key}={raw!r} is not a number") from None

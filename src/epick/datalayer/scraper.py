@@ -62,7 +62,15 @@ class Scraper:
             if status != 200:
                 raise MetricsParseError(f"HTTP {status}")
             metrics = parse_metrics(text, self.names, update_time=started)
-        except (TimeoutError, OSError, HTTPError, MetricsParseError, ValueError) as e:
+        except (
+            TimeoutError,
+            OSError,
+            EOFError,
+            HTTPError,
+            MetricsParseError,
+            ValueError,
+            OverflowError,
+        ) as e:
             self.failures += 1
             self.consecutive_failures += 1
             if self.consecutive_failures >= self.unhealthy_after:
@@ -88,7 +96,11 @@ class Scraper:
         loop = asyncio.get_running_loop()
         while True:
             started = loop.time()
-            await self.scrape_once()
+            try:
+                await self.scrape_once()
+            except Exception as e:  # a scraper must outlive anything an endpoint sends it
+                self.failures += 1
+                self._report(f"unexpected {type(e).__name__}: {e}")
             await asyncio.sleep(max(0.0, self.interval - (loop.time() - started)))
 
 

@@ -134,9 +134,11 @@ class Proxy:
                     )
             if round_ == 0:
                 try:
-                    targets = list(self.director.schedule(decision.request, exclude=frozenset(tried)).targets)
+                    result = self.director.schedule(decision.request, exclude=frozenset(tried))
                 except RequestError:
                     break
+                decision = Decision(decision.request, result, decision.body, decision.client_model)
+                targets = list(result.targets)
         if last.body:
             return web.Response(status=last.status, body=last.body, content_type="application/json")
         return _error(
@@ -199,12 +201,11 @@ class Proxy:
         endpoint: Endpoint,
         out: web.StreamResponse,
     ) -> None:
-        for key in ("Content-Type", "Cache-Control"):
-            if key in upstream.headers:
-                out.headers[key] = upstream.headers[key]
+        # Everything the model server said, but hop-by-hop headers and the length (the relay decides it).
         for key, value in upstream.headers.items():
-            if key.lower().startswith("x-") and key.lower() not in CONTROL_HEADERS:
-                out.headers[key] = value
+            lower = key.lower()
+            if lower not in _HOP_BY_HOP and lower not in CONTROL_HEADERS:
+                out.headers.add(key, value)
         out.headers.update(response.add_headers)
         out.headers[ENDPOINT_HEADER] = endpoint.name
 

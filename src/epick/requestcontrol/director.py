@@ -50,6 +50,7 @@ class Decision:
     request: InferenceRequest
     result: SchedulingResult
     body: bytes  # what to forward: the client's body, or re-encoded after a model rewrite
+    client_model: str = ""  # the model the client asked for, before any rewrite
 
     @property
     def targets(self) -> tuple[Endpoint, ...]:
@@ -101,7 +102,8 @@ class Director:
 
     def parse(
         self, body: bytes, headers: Mapping[str, str], kind: RequestKind | None
-    ) -> tuple[InferenceRequest, bytes]:
+    ) -> tuple[InferenceRequest, bytes, str]:
+        """(request, body to forward, the model the client named before any rewrite)."""
         if len(body) > self.max_body_bytes:
             raise errors.too_large(len(body), self.max_body_bytes)
         try:
@@ -111,6 +113,8 @@ class Director:
         if not isinstance(raw, dict):
             raise errors.bad_request("request body must be a JSON object")
         lowered = {k.lower(): v for k, v in headers.items()}
+        named = raw.get("model")
+        client_model = named if isinstance(named, str) else ""
         rewrite = lowered.get(MODEL_REWRITE_HEADER)
         if rewrite:
             raw["model"] = rewrite
@@ -127,24 +131,24 @@ class Director:
             )
         except BadRequestError as e:
             raise errors.bad_request(str(e)) from None
-        return request, body
+        return request, body, client_model
 
     def decide(self, body: bytes, headers: Mapping[str, str], kind: RequestKind | None = None) -> Decision:
         """Parse, admit, schedule and run PreRequest hooks. Raises `RequestError` with its status."""
-        request, body = self.parse(body, headers, kind)
+        request, body, client_model = self.parse(body, headers, kind)
         model = request.target_model
         if self.known_models is not None:
             known = self.known_models()
             if known and model not in known:
-                self.observer.error(model, model, "model_not_found")
+                self.observer.error(client_model, model, "model_not_found")
                 raise errors.unknown_model(model, sorted(known))
-        self.observer.request(model, model)
+        self.observer.request(client_model, model)
         try:
             result = self.schedule(request)
         except RequestError as e:
-            self.observer.error(model, model, e.code)
+            self.observer.error(client_model, model, e.code)
             raise
-        return Decision(request, result, body)
+        return Decision(request, result, body, client_model)
 
     def schedule(self, request: InferenceRequest, exclude: frozenset[str] = frozenset()) -> SchedulingResult:
         candidates = [ep for ep in self.datastore.snapshot() if ep.name not in exclude]

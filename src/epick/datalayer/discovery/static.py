@@ -38,6 +38,8 @@ def load_endpoints_file(path: str | Path) -> list[EndpointSpec]:
         raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as e:
         raise DiscoveryError(f"{source}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise DiscoveryError(f"{source}: not UTF-8 text") from None
     except yaml.YAMLError as e:
         raise DiscoveryError(f"{source}: not valid YAML or JSON: {e}") from None
     if isinstance(raw, dict) and "endpoints" in raw:
@@ -67,7 +69,9 @@ def _entry(source: str, i: int, item: Any) -> EndpointSpec:
         raise DiscoveryError(f"{where}.address: required, a host name or IP")
     if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         raise DiscoveryError(f"{where}.port: required, an integer in 1..65535")
-    labels = item.get("labels") or {}
+    labels = item.get("labels")
+    if labels is None:
+        labels = {}
     if not isinstance(labels, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
     ):
@@ -84,7 +88,10 @@ def _split_host_port(item: str, where: str) -> tuple[str, int]:
         raise DiscoveryError(f"{where}: expected host:port with a port in 1..65535")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-        ipaddress.IPv6Address(host)
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise DiscoveryError(f"{where}: {host!r} in brackets is not an IPv6 address") from None
     return host, int(port)
 
 

@@ -1,0 +1,159 @@
+"""MetricsClient: the scrapers' keep-alive HTTP/1.1 GET, against raw servers that answer as told."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from epick.datalayer.http import HTTPError, MetricsClient
+from tests.datalayer.pages import free_port
+
+Answer = Callable[[int], bytes]  # the n-th request on a connection (from 0) -> the raw response
+
+
+class RawServer:
+    """Answers each request with `answer(n)`; counts connections; closes after an answer that says so."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> RawServer:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        n = 0
+        try:
+            while True:
+                try:
+                    self.requests.append(await reader.readuntil(b"\r\n\r\n"))
+                except asyncio.IncompleteReadError:
+                    break
+                raw = self.answer(n)
+                n += 1
+                writer.write(raw)
+                await writer.drain()
+                head = raw.split(b"\r\n\r\n", 1)[0]
+                framed = b"Content-Length" in head or b"chunked" in head
+                if b"Connection: close" in head or not framed:
+                    break
+        finally:
+            writer.close()
+
+
+StartRaw = Callable[[Answer], Awaitable[RawServer]]
+
+
+@pytest.fixture
+async def raw_server() -> AsyncIterator[Callable[[Answer], Awaitable[RawServer]]]:
+    servers: list[RawServer] = []
+
+    async def start(answer: Answer) -> RawServer:
+        server = await RawServer(answer).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        await server.stop()
+
+
+@pytest.fixture
+async def clients() -> AsyncIterator[list[MetricsClient]]:
+    made: list[MetricsClient] = []
+    yield made
+    for client in made:
+        client.close()
+
+
+def with_length(body: str, extra: str = "") -> bytes:
+    data = body.encode()
+    return f"HTTP/1.1 200 OK\r\nContent-Length: {len(data)}\r\n{extra}\r\n".encode() + data
+
+
+def chunked(*parts: str) -> bytes:
+    out = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    for part in parts:
+        data = part.encode()
+        out += f"{len(data):x}\r\n".encode() + data + b"\r\n"
+    return out + b"0\r\n\r\n"
+
+
+async def test_keep_alive_with_content_length(raw_server: StartRaw, clients: list[MetricsClient]) -> None:
+    server = await raw_server(lambda n: with_length(f"page {n}"))
+    client = MetricsClient("127.0.0.1", server.port, "/metrics", 1.0)
+    clients.append(client)
+    assert [await client.get() for _ in range(5)] == [(200, f"page {n}") for n in range(5)]
+    assert server.connections == 1
+    request = server.requests[0].decode()
+    assert request.startswith("GET /metrics HTTP/1.1\r\n") and f"Host: 127.0.0.1:{server.port}" in request
+
+
+async def test_chunked_body(raw_server: StartRaw, clients: list[MetricsClient]) -> None:
+    server = await raw_server(lambda n: chunked("vllm:num_requests_waiting ", f"{n}\n", "é"))
+    client = MetricsClient("127.0.0.1", server.port, "/metrics", 1.0)
+    clients.append(client)
+    assert await client.get() == (200, "vllm:num_requests_waiting 0\né")
+    assert await client.get() == (200, "vllm:num_requests_waiting 1\né")
+    assert server.connections == 1
+
+
+async def test_connection_close_and_close_delimited_bodies_reconnect(
+    raw_server: StartRaw, clients: list[MetricsClient]
+) -> None:
+    answers = [
+        with_length("a", "Connection: close\r\n"),
+        b"HTTP/1.0 200 OK\r\n\r\nuntil the end",  # no length: the body ends when the connection does
+        with_length("c"),
+    ]
+    server = await raw_server(lambda n: answers[min(server.connections - 1, 2)])
+    client = MetricsClient("127.0.0.1", server.port, "/metrics", 1.0)
+    clients.append(client)
+    assert await client.get() == (200, "a")
+    assert await client.get() == (200, "until the end")
+    assert await client.get() == (200, "c")
+    assert server.connections == 3
+
+
+async def test_status_is_returned(raw_server: StartRaw, clients: list[MetricsClient]) -> None:
+    server = await raw_server(lambda n: b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nbusy")
+    client = MetricsClient("127.0.0.1", server.port, "/metrics", 1.0)
+    clients.append(client)
+    assert await client.get() == (503, "busy")
+
+
+async def test_not_http_is_an_http_error(raw_server: StartRaw, clients: list[MetricsClient]) -> None:
+    server = await raw_server(lambda n: b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+    client = MetricsClient("127.0.0.1", server.port, "/metrics", 1.0)
+    clients.append(client)
+    with pytest.raises(HTTPError, match=re.escape("not an HTTP/1.x response: 'SSH-2.0-OpenSSH_9.6'")):
+        await client.get()
+
+
+async def test_silence_is_a_timeout(raw_server: StartRaw, clients: list[MetricsClient]) -> None:
+    server = await raw_server(lambda n: b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort")
+    client = MetricsClient("127.0.0.1", server.port, "/metrics", 0.2)
+    clients.append(client)
+    with pytest.raises(TimeoutError):
+        await client.get()
+
+
+async def test_refused_is_an_os_error(clients: list[MetricsClient]) -> None:
+    client = MetricsClient("127.0.0.1", free_port(), "/metrics", 1.0)
+    clients.append(client)
+    with pytest.raises(OSError):
+        await client.get()

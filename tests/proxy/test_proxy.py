@@ -1,0 +1,511 @@
+"""epick end to end: the Service's proxy in front of simulated model servers, driven by real clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from epick.proxy.server import ENDPOINT_HEADER
+from epick.sim.server import IDENTITY_HEADER
+from tests.datalayer.pages import free_port, wait_until
+from tests.proxy.conftest import (
+    MODEL,
+    SESSION_HEADER,
+    MakeClient,
+    MakeService,
+    MakeSim,
+    proxy_url,
+    steering_config,
+    to,
+)
+
+FAST = 1000.0
+
+
+async def three_sims(make_sim: MakeSim, **kw: Any) -> list[str]:
+    servers = [await make_sim(time_scale=FAST, **kw) for _ in range(3)]
+    return [f"127.0.0.1:{s.port}" for s in servers]
+
+
+async def sse_events(response: aiohttp.ClientResponse) -> list[bytes]:
+    """The `data:` lines of an SSE response, as they come."""
+    return [line.rstrip(b"\n") async for line in response.content if line.startswith(b"data:")]
+
+
+# Happy paths with the official OpenAI client.
+
+
+async def test_completion_through_the_proxy(
+    make_sim: MakeSim, make_service: MakeService, make_client: MakeClient
+) -> None:
+    names = await three_sims(make_sim)
+    client = make_client(await make_service(names))
+    chosen = set()
+    for i in range(6):
+        raw = await client.completions.with_raw_response.create(
+            model=MODEL, prompt=f"Request {i}: say something.", max_tokens=5
+        )
+        assert raw.status_code == 200
+        served_by = raw.headers[IDENTITY_HEADER]
+        assert served_by == raw.headers[ENDPOINT_HEADER]
+        assert served_by in names
+        chosen.add(served_by)
+        completion = raw.parse()
+        assert completion.object == "text_completion" and completion.model == MODEL
+        assert completion.choices[0].finish_reason == "length"
+        assert completion.usage is not None and completion.usage.completion_tokens == 5
+    assert chosen <= set(names)
+
+
+async def test_chat_through_the_proxy(
+    make_sim: MakeSim, make_service: MakeService, make_client: MakeClient
+) -> None:
+    names = await three_sims(make_sim)
+    client = make_client(await make_service(names))
+    raw = await client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "Tell me a joke."}], max_tokens=7
+    )
+    assert (
+        raw.headers[IDENTITY_HEADER] == raw.headers[ENDPOINT_HEADER] and raw.headers[ENDPOINT_HEADER] in names
+    )
+    chat = raw.parse()
+    assert chat.object == "chat.completion"
+    assert chat.choices[0].message.role == "assistant" and chat.choices[0].message.content
+    assert chat.usage is not None and chat.usage.completion_tokens == 7
+
+
+async def test_streaming_completion_event_by_event(
+    make_sim: MakeSim, make_service: MakeService, http: aiohttp.ClientSession
+) -> None:
+    names = await three_sims(make_sim)
+    service = await make_service(names)
+    payload = {
+        "model": MODEL,
+        "prompt": "Count to nine.",
+        "max_tokens": 9,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    async with http.post(proxy_url(service) + "/v1/completions", json=payload) as r:
+        assert r.status == 200
+        assert r.content_type == "text/event-stream"
+        assert r.headers[IDENTITY_HEADER] == r.headers[ENDPOINT_HEADER] in names
+        events = await sse_events(r)
+    # One event per token, then the usage chunk, then [DONE].
+    assert len(events) == 9 + 2
+    assert events[-1] == b"data: [DONE]"
+    chunks = [json.loads(e.removeprefix(b"data: ")) for e in events[:-1]]
+    assert [len(c["choices"]) for c in chunks] == [1] * 9 + [0]
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:9]] == [None] * 8 + ["length"]
+    assert chunks[-1]["usage"]["completion_tokens"] == 9
+
+
+async def test_streaming_chat_with_the_openai_client(
+    make_sim: MakeSim, make_service: MakeService, make_client: MakeClient
+) -> None:
+    names = await three_sims(make_sim)
+    client = make_client(await make_service(names))
+    stream = await client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Write a haiku."}],
+        max_tokens=6,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = [c async for c in stream]
+    opening, deltas, usage = chunks[0], chunks[1:-1], chunks[-1]
+    assert opening.choices[0].delta.role == "assistant"
+    assert len(deltas) == 6 and all(c.choices[0].delta.content for c in deltas)
+    assert deltas[-1].choices[0].finish_reason == "length"
+    assert usage.usage is not None and usage.usage.completion_tokens == 6
+
+
+async def test_stream_is_relayed_chunk_by_chunk(
+    make_fake: Any, make_service: MakeService, http: aiohttp.ClientSession
+) -> None:
+    """The first event reaches the client while the server is still holding back the second."""
+    fake = await make_fake("gated")
+    service = await make_service([fake.name])
+    payload = {"model": MODEL, "prompt": "hi", "stream": True}
+    async with http.post(proxy_url(service) + "/v1/completions", json=payload) as r:
+        assert r.status == 200 and r.headers[ENDPOINT_HEADER] == fake.name
+        assert r.headers["x-fake"] == "gated"  # the server's own x- headers come through
+        first = await asyncio.wait_for(r.content.readline(), timeout=5)
+        assert json.loads(first.removeprefix(b"data: "))["choices"][0]["text"] == "tok0 "
+        assert not fake.gate.is_set()
+        fake.gate.set()
+        rest = await sse_events(r)
+    assert len(rest) == 2 and rest[-1] == b"data: [DONE]"
+
+
+async def test_models_is_the_union_of_the_servers_models(
+    make_sim: MakeSim, make_service: MakeService, make_client: MakeClient, http: aiohttp.ClientSession
+) -> None:
+    servers = [
+        await make_sim(model="alpha"),
+        await make_sim(model="beta", lora_modules=("beta-sql=/adapters/sql",)),
+        await make_sim(model="beta"),
+    ]
+    service = await make_service([f"127.0.0.1:{s.port}" for s in servers])
+    client = make_client(service)
+    models = [m.id async for m in client.models.list()]
+    assert sorted(models) == ["alpha", "beta", "beta-sql"]
+    async with http.get(proxy_url(service) + "/v1/models") as r:
+        body = await r.json()
+    assert body["object"] == "list"
+    lora = next(card for card in body["data"] if card["id"] == "beta-sql")
+    assert lora["parent"] == "beta"
+
+
+async def test_health(make_sim: MakeSim, make_service: MakeService, http: aiohttp.ClientSession) -> None:
+    service = await make_service(await three_sims(make_sim))
+    async with http.get(proxy_url(service) + "/health") as r:
+        assert r.status == 200
+        assert await r.json() == {"status": "ok", "endpoints": 3}
+
+
+# Bad input, over HTTP.
+
+
+BIG = b"x" * 3000
+BAD_REQUESTS = {
+    "/v1/completions": [
+        (b"this is not json", 400, "bad_request", "request body is not valid JSON"),
+        (b"[]", 400, "bad_request", "request body must be a JSON object"),
+        (b'{"prompt": "hi"}', 400, "bad_request", "request body has no 'model'"),
+        (b'{"model": "sim-model"}', 400, "bad_request", "completion request needs 'prompt'"),
+        (b'{"model": "gpt-4", "prompt": "hi"}', 404, "model_not_found", "'gpt-4' is not served"),
+        (b'{"model": "sim-model", "prompt": "' + BIG + b'"}', 413, "body_too_large", "2048"),
+    ],
+    "/v1/chat/completions": [
+        (b"{model: sim-model}", 400, "bad_request", "request body is not valid JSON"),
+        (b'{"messages": [{"role": "user", "content": "hi"}]}', 400, "bad_request", "no 'model'"),
+        (b'{"model": "sim-model", "prompt": "hi"}', 400, "bad_request", "chat request needs 'messages'"),
+        (b'{"model": "gpt-4", "messages": [{"role": "user"}]}', 404, "model_not_found", "'gpt-4'"),
+        (b'{"model": "sim-model", "messages": "' + BIG + b'"}', 413, "body_too_large", "2048"),
+    ],
+}
+ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error"}
+
+
+async def test_bad_requests_get_json_errors(
+    make_sim: MakeSim, make_service: MakeService, http: aiohttp.ClientSession
+) -> None:
+    sims = [await make_sim() for _ in range(2)]
+    service = await make_service([f"127.0.0.1:{s.port}" for s in sims], max_body_bytes=2048)
+    headers = {"Content-Type": "application/json"}
+    for path, cases in BAD_REQUESTS.items():
+        for payload, status, code, message in cases:
+            async with http.post(proxy_url(service) + path, data=payload, headers=headers) as r:
+                assert r.status == status, (path, payload[:40])
+                assert r.content_type == "application/json"
+                error = (await r.json())["error"]
+            assert error["code"] == code
+            assert message in error["message"], error
+            assert error["type"] == ERROR_TYPES[status]
+
+
+async def test_openai_client_sees_typed_errors(
+    make_sim: MakeSim, make_service: MakeService, make_client: MakeClient
+) -> None:
+    sim = await make_sim()
+    client = make_client(await make_service([f"127.0.0.1:{sim.port}"]))
+    with pytest.raises(openai.NotFoundError, match="is not served by any endpoint"):
+        await client.completions.create(model="nope", prompt="hi")
+    with pytest.raises(openai.BadRequestError, match="chat request needs 'messages'"):
+        await client.chat.completions.create(model=MODEL, messages=[])
+    # A 4xx from the model server itself is passed through as the server sent it, not retried.
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        await client.completions.create(model=MODEL, prompt="hi", max_tokens=10_000_000)
+
+
+async def test_model_rewrite_header(
+    make_sim: MakeSim, make_service: MakeService, make_client: MakeClient
+) -> None:
+    sim = await make_sim()
+    client = make_client(await make_service([f"127.0.0.1:{sim.port}"]))
+    completion = await client.completions.create(
+        model="my-alias", prompt="hi", max_tokens=2, extra_headers={"x-gateway-model-name-rewrite": MODEL}
+    )
+    assert completion.model == MODEL
+
+
+async def test_control_headers_are_not_forwarded(
+    make_fake: Any, make_service: MakeService, http: aiohttp.ClientSession
+) -> None:
+    fake = await make_fake("echo", model="base-model")
+    service = await make_service([fake.name])
+    headers = {
+        "x-gateway-destination-endpoint": "10.9.9.9:80",
+        "x-gateway-inference-objective": "batch",
+        "x-gateway-inference-fairness-id": "tenant-a",
+        "x-gateway-model-name-rewrite": "base-model",
+        "x-request-id": "req-42",
+        "Authorization": "Bearer secret",
+        "x-custom": "kept",
+    }
+    payload = {"model": "alias", "prompt": "hi", "max_tokens": 3}
+    async with http.post(proxy_url(service) + "/v1/completions", json=payload, headers=headers) as r:
+        assert r.status == 200 and r.headers["x-fake"] == "echo"
+        assert r.headers[ENDPOINT_HEADER] == fake.name
+        echo = await r.json()
+    seen = {k.lower(): v for k, v in echo["headers"].items()}
+    assert not any(k.startswith("x-gateway-") for k in seen)
+    assert seen["x-request-id"] == "req-42"
+    assert seen["authorization"] == "Bearer secret" and seen["x-custom"] == "kept"
+    assert int(seen["content-length"]) == len(fake.requests[0][1])
+    assert echo["body"] == {"model": "base-model", "prompt": "hi", "max_tokens": 3}
+
+
+async def test_session_affinity_token_comes_back_and_steers(
+    make_sim: MakeSim, make_service: MakeService, http: aiohttp.ClientSession
+) -> None:
+    names = await three_sims(make_sim)
+    service = await make_service(names, steering_config())
+    url = proxy_url(service) + "/v1/completions"
+    for name in (names[2], names[0], names[1], names[2]):
+        for stream in (False, True):
+            payload = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "stream": stream}
+            async with http.post(url, json=payload, headers=to(name)) as r:
+                await r.read()
+                assert r.status == 200
+                assert r.headers[IDENTITY_HEADER] == r.headers[ENDPOINT_HEADER] == name
+                assert r.headers[SESSION_HEADER] == to(name)[SESSION_HEADER]
+
+
+# Failing endpoints.
+
+
+async def test_endpoint_down_falls_back_to_the_next_target(
+    make_sim: MakeSim,
+    make_service: MakeService,
+    http: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="epick.proxy.server")
+    sims = await three_sims(make_sim)
+    down = f"127.0.0.1:{free_port()}"
+    # A long scrape interval: only the first scrape runs, so the proxy, not the scraper, finds it down.
+    service = await make_service(
+        [down, *sims], steering_config(fallbacks=2), refresh_metrics_interval=60, wait=False
+    )
+    assert service.datastore.is_healthy(down)
+    payload = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+    async with http.post(proxy_url(service) + "/v1/completions", json=payload, headers=to(down)) as r:
+        assert r.status == 200
+        assert r.headers[ENDPOINT_HEADER] in sims and r.headers[IDENTITY_HEADER] == r.headers[ENDPOINT_HEADER]
+    assert not service.datastore.is_healthy(down)
+    [failure] = [r.getMessage() for r in caplog.records if f"to {down} failed" in r.getMessage()]
+    assert "cannot connect" in failure
+
+
+async def test_endpoint_down_is_rescheduled(
+    make_sim: MakeSim, make_service: MakeService, make_client: MakeClient
+) -> None:
+    sims = await three_sims(make_sim)
+    down = f"127.0.0.1:{free_port()}"
+    service = await make_service(
+        [down, *sims], steering_config(fallbacks=1), refresh_metrics_interval=60, wait=False
+    )
+    client = make_client(service)
+    stream = await client.completions.create(
+        model=MODEL, prompt="hi", max_tokens=4, stream=True, extra_headers=to(down)
+    )
+    assert len([c async for c in stream]) == 4
+    assert not service.datastore.is_healthy(down)
+    assert down not in [ep.name for ep in service.datastore.snapshot()]
+
+
+async def test_endpoint_down_with_the_default_config(
+    make_sim: MakeSim, make_service: MakeService, make_client: MakeClient
+) -> None:
+    sims = await three_sims(make_sim)
+    down = f"127.0.0.1:{free_port()}"
+    service = await make_service([down, *sims], wait=False)
+    client = make_client(service)
+    results = await asyncio.gather(
+        *(
+            client.completions.with_raw_response.create(model=MODEL, prompt=f"prompt {i}", max_tokens=3)
+            for i in range(12)
+        )
+    )
+    assert all(r.status_code == 200 and r.headers[ENDPOINT_HEADER] in sims for r in results)
+    await wait_until(lambda: not service.datastore.is_healthy(down), what="down endpoint unhealthy")
+    assert service.scrapers.scrapers[down].consecutive_failures >= 3
+
+
+async def test_503_before_the_first_byte_is_retried_elsewhere(
+    make_sim: MakeSim, make_service: MakeService, make_client: MakeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="epick.proxy.server")
+    failing = await make_sim(failure_rate=1.0, failure_types=("server_error",))
+    good = await make_sim()
+    failing_name, good_name = f"127.0.0.1:{failing.port}", f"127.0.0.1:{good.port}"
+    service = await make_service([failing_name, good_name], steering_config())
+    client = make_client(service)
+    for stream in (False, True):
+        raw = await client.completions.with_raw_response.create(
+            model=MODEL, prompt="hi", max_tokens=3, stream=stream, extra_headers=to(failing_name)
+        )
+        assert raw.status_code == 200
+        assert raw.headers[ENDPOINT_HEADER] == raw.headers[IDENTITY_HEADER] == good_name
+        if stream:
+            chunks = raw.parse()
+            assert isinstance(chunks, openai.AsyncStream)
+            assert len([c async for c in chunks]) == 3
+    # Each request was tried on the failing server first.
+    tried = [
+        r.getMessage() for r in caplog.records if f"to {failing_name} failed: answered 503" in r.getMessage()
+    ]
+    assert len(tried) == 2
+    # A 5xx answer is not a broken endpoint: it stays a candidate.
+    assert service.datastore.is_healthy(failing_name)
+
+
+async def test_every_endpoint_503_returns_the_servers_error(
+    make_sim: MakeSim, make_service: MakeService, http: aiohttp.ClientSession
+) -> None:
+    sims = [await make_sim(failure_rate=1.0, failure_types=("server_error",)) for _ in range(2)]
+    service = await make_service([f"127.0.0.1:{s.port}" for s in sims])
+    payload = {"model": MODEL, "prompt": "hi"}
+    async with http.post(proxy_url(service) + "/v1/completions", json=payload) as r:
+        assert r.status == 503
+        error = (await r.json())["error"]
+    assert error["message"] == "The server is overloaded or not ready yet."
+
+
+async def test_server_dying_mid_stream(
+    make_fake: Any, make_sim: MakeSim, make_service: MakeService, http: aiohttp.ClientSession
+) -> None:
+    dying = await make_fake("die")
+    sim = await make_sim()
+    sim_name = f"127.0.0.1:{sim.port}"
+    service = await make_service([dying.name, sim_name], steering_config())
+    url = proxy_url(service) + "/v1/completions"
+    payload = {"model": MODEL, "prompt": "hi", "max_tokens": 4, "stream": True}
+    async with http.post(url, json=payload, headers=to(dying.name)) as r:
+        assert r.status == 200 and r.headers[ENDPOINT_HEADER] == dying.name
+        events = await sse_events(r)  # ends cleanly: no exception on the client's side
+    assert len(events) == 3
+    assert [json.loads(e.removeprefix(b"data: "))["choices"][0]["text"] for e in events[:2]] == [
+        "tok0 ",
+        "tok1 ",
+    ]
+    error = json.loads(events[2].removeprefix(b"data: "))
+    assert error == {
+        "error": {"message": f"upstream {dying.name} failed mid-response", "type": "upstream_error"}
+    }
+    assert not service.datastore.is_healthy(dying.name)
+
+    # The proxy stays up, and the dead endpoint is no longer chosen, even when asked for.
+    for stream in (True, False):
+        async with http.post(url, json={**payload, "stream": stream}, headers=to(dying.name)) as r:
+            await r.read()
+            assert r.status == 200
+            assert r.headers[ENDPOINT_HEADER] == r.headers[IDENTITY_HEADER] == sim_name
+    assert len(dying.requests) == 1
+
+
+async def test_server_dying_mid_stream_with_the_openai_client(
+    make_fake: Any, make_sim: MakeSim, make_service: MakeService, make_client: MakeClient
+) -> None:
+    dying = await make_fake("die")
+    sim = await make_sim()
+    service = await make_service([dying.name, f"127.0.0.1:{sim.port}"], steering_config())
+    client = make_client(service)
+    stream = await client.completions.create(
+        model=MODEL, prompt="hi", stream=True, extra_headers=to(dying.name)
+    )
+    texts = []
+    with pytest.raises(openai.APIError, match="failed mid-response"):
+        async for chunk in stream:
+            texts.append(chunk.choices[0].text)
+    assert texts == ["tok0 ", "tok1 "]
+    completion = await client.completions.create(model=MODEL, prompt="hi", max_tokens=2)
+    assert completion.usage is not None and completion.usage.completion_tokens == 2
+
+
+async def test_compressed_answer_reaches_the_client_readable(
+    make_fake: Any, make_service: MakeService, http: aiohttp.ClientSession
+) -> None:
+    fake = await make_fake("gzip")
+    service = await make_service([fake.name])
+    payload = {"model": MODEL, "prompt": "hi"}
+    headers = {"Accept-Encoding": "gzip"}
+    async with http.post(proxy_url(service) + "/v1/completions", json=payload, headers=headers) as r:
+        assert r.status == 200
+        raw = await r.read()
+    assert json.loads(raw)["body"] == payload
+
+
+async def test_silence_past_the_read_timeout_ends_the_stream_with_an_error_event(
+    make_fake: Any, make_service: MakeService, http: aiohttp.ClientSession
+) -> None:
+    slow = await make_fake("gated")  # sends one chunk, then nothing until released
+    service = await make_service([slow.name], read_timeout=0.2)
+    payload = {"model": MODEL, "prompt": "hi", "stream": True}
+    async with http.post(proxy_url(service) + "/v1/completions", json=payload) as r:
+        assert r.status == 200
+        events = await sse_events(r)
+    assert len(events) == 2
+    assert json.loads(events[1].removeprefix(b"data: "))["error"]["type"] == "upstream_error"
+
+
+async def test_broken_non_streaming_answer_is_retried_elsewhere(
+    make_fake: Any, make_sim: MakeSim, make_service: MakeService, make_client: MakeClient
+) -> None:
+    dying = await make_fake("die")
+    sim = await make_sim()
+    sim_name = f"127.0.0.1:{sim.port}"
+    service = await make_service([dying.name, sim_name], steering_config())
+    client = make_client(service)
+    raw = await client.completions.with_raw_response.create(
+        model=MODEL, prompt="hi", max_tokens=2, extra_headers=to(dying.name)
+    )
+    assert raw.status_code == 200 and raw.headers[ENDPOINT_HEADER] == sim_name
+    assert len(dying.requests) == 1
+    assert not service.datastore.is_healthy(dying.name)
+
+
+async def test_every_endpoint_unreachable_is_502_then_503(
+    make_service: MakeService, http: aiohttp.ClientSession
+) -> None:
+    downs = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+    service = await make_service(downs, refresh_metrics_interval=60, wait=False)
+    url = proxy_url(service) + "/v1/completions"
+    payload = {"model": MODEL, "prompt": "hi"}
+    async with http.post(url, json=payload) as r:
+        assert r.status == 502
+        error = (await r.json())["error"]
+    assert error["code"] == "upstream_failed" and "cannot connect" in error["message"]
+    assert service.datastore.snapshot() == []
+    async with http.post(url, json=payload) as r:
+        assert r.status == 503
+        assert (await r.json())["error"]["code"] == "no_endpoints"
+
+
+async def test_server_errors_on_a_stream_request_pass_through(
+    make_sim: MakeSim, make_service: MakeService, make_client: MakeClient
+) -> None:
+    sim = await make_sim()
+    client = make_client(await make_service([f"127.0.0.1:{sim.port}"]))
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        await client.completions.create(model=MODEL, prompt="hi", max_tokens=10_000_000, stream=True)
+
+
+async def test_rate_limit_answer_keeps_retry_after(
+    make_fake: Any, make_service: MakeService, http: aiohttp.ClientSession
+) -> None:
+    fake = await make_fake("ratelimit")
+    service = await make_service([fake.name])
+    async with http.post(proxy_url(service) + "/v1/completions", json={"model": MODEL, "prompt": "hi"}) as r:
+        assert r.status == 429  # a 4xx is the server's answer: passed through, not retried
+        assert r.headers["x-fake"] == "ratelimit"
+        assert (await r.json())["error"]["message"] == "slow down"
+        assert r.headers.get("Retry-After") == "7"

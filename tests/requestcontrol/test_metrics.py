@@ -1,0 +1,187 @@
+"""EppMetrics: epick's own Prometheus metrics, with the Go EPP's names, moved by the director."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from epick.config import LoadedConfig, load_config_text, load_default_config
+from epick.datalayer.datastore import Datastore, EndpointSpec
+from epick.framework import Metrics
+from epick.requestcontrol.director import MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, Director
+from epick.requestcontrol.errors import RequestError
+from epick.requestcontrol.metrics import EppMetrics
+
+POOL = "test-pool"
+
+
+class Scrape:
+    """The registry's exposition, parsed back with prometheus_client's parser."""
+
+    def __init__(self, metrics: EppMetrics) -> None:
+        text = generate_latest(metrics.registry).decode()
+        self.samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+
+    def value(self, sample: str, /, **labels: str) -> float:
+        found = [
+            s.value
+            for s in self.samples
+            if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items())
+        ]
+        assert len(found) <= 1, (sample, labels, found)
+        return found[0] if found else 0.0
+
+    def labelsets(self, name: str) -> list[dict[str, str]]:
+        return [s.labels for s in self.samples if s.name == name]
+
+
+def setup(config: LoadedConfig | None = None, **kw: object) -> tuple[Director, EppMetrics, Datastore]:
+    ds = Datastore()
+    for i, (queue, kv) in enumerate([(2, 0.2), (4, 0.6), (0, 0.1)]):
+        ds.upsert(EndpointSpec(f"ep{i}", f"10.0.0.{i}", 8000, {}))
+        ds.update_metrics(f"ep{i}", Metrics(waiting_queue_size=queue, kv_cache_usage_percent=kv))
+    config = config or load_default_config(seed=3)
+    holder: list[Director] = []
+    metrics = EppMetrics(POOL, ds, lambda: holder[0].config)
+    config.scheduler.timer = metrics
+    director = Director(config, ds, observer=metrics, **kw)  # type: ignore[arg-type]
+    holder.append(director)
+    return director, metrics, ds
+
+
+def body(model: str = "m", prompt: str = "hello " * 40) -> bytes:
+    return json.dumps({"model": model, "prompt": prompt}).encode()
+
+
+def test_request_counter_and_scheduler_latency() -> None:
+    d, metrics, _ = setup()
+    for _ in range(3):
+        d.decide(body(), {}, "completion")
+    d.decide(body("sql-lora"), {}, "completion")
+    s = Scrape(metrics)
+    assert s.value("inference_objective_request_total", model_name="m", target_model_name="m") == 3
+    assert (
+        s.value("inference_objective_request_total", model_name="sql-lora", target_model_name="sql-lora") == 1
+    )
+    assert s.value("inference_extension_scheduler_e2e_duration_seconds_count") == 4
+    assert 0 < s.value("inference_extension_scheduler_e2e_duration_seconds_sum") < 1.0
+    assert s.value("inference_extension_scheduler_e2e_duration_seconds_bucket", le="+Inf") == 4
+
+
+def test_plugin_durations_per_plugin() -> None:
+    d, metrics, _ = setup()
+    for _ in range(2):
+        d.decide(body(), {}, "completion")
+    s = Scrape(metrics)
+    name = "inference_extension_plugin_duration_seconds_count"
+    for point, kind in [
+        ("Scorer", "queue-scorer"),
+        ("Scorer", "kv-cache-utilization-scorer"),
+        ("Scorer", "prefix-cache-scorer"),
+        ("Picker", "max-score-picker"),
+    ]:
+        assert s.value(name, extension_point=point, plugin_type=kind, plugin_name=kind) == 2, kind
+    assert {ls["plugin_type"] for ls in s.labelsets(name)} == {
+        "queue-scorer",
+        "kv-cache-utilization-scorer",
+        "prefix-cache-scorer",
+        "max-score-picker",
+    }
+
+
+def test_plugin_durations_of_filters_with_their_names() -> None:
+    config = load_config_text(
+        """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- name: fast-gpus
+  type: label-selector-filter
+- type: queue-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: fast-gpus
+  - pluginRef: queue-scorer
+  - pluginRef: max-score-picker
+""",
+        seed=1,
+    )
+    d, metrics, _ = setup(config)
+    d.decide(body(), {}, "completion")
+    s = Scrape(metrics)
+    count = "inference_extension_plugin_duration_seconds_count"
+    assert (
+        s.value(count, extension_point="Filter", plugin_type="label-selector-filter", plugin_name="fast-gpus")
+        == 1
+    )
+
+
+def test_error_counter_by_code() -> None:
+    d, metrics, ds = setup(objectives={"batch": -1}, known_models=lambda: {"m"})
+    with pytest.raises(RequestError):
+        d.decide(body("nope"), {}, "completion")
+    for i in range(3):
+        ds.update_metrics(f"ep{i}", Metrics(waiting_queue_size=9, update_time=time.time()))
+    with pytest.raises(RequestError):
+        d.decide(body(), {OBJECTIVE_HEADER: "batch"}, "completion")
+    for i in range(3):
+        ds.set_healthy(f"ep{i}", False)
+    for _ in range(2):
+        with pytest.raises(RequestError):
+            d.decide(body(), {}, "completion")
+    s = Scrape(metrics)
+    err = "inference_objective_request_error_total"
+    assert s.value(err, model_name="nope", target_model_name="nope", error_code="model_not_found") == 1
+    assert s.value(err, model_name="m", target_model_name="m", error_code="shed") == 1
+    assert s.value(err, model_name="m", target_model_name="m", error_code="no_endpoints") == 2
+    # Requests refused by admission or scheduling still count as requests; an unknown model does not.
+    assert s.value("inference_objective_request_total", model_name="m", target_model_name="m") == 3
+    assert s.value("inference_objective_request_total", model_name="nope", target_model_name="nope") == 0
+
+
+def test_rewrite_counts_the_incoming_and_target_model() -> None:
+    d, metrics, _ = setup()
+    d.decide(body("alias"), {MODEL_REWRITE_HEADER: "base"}, "completion")
+    s = Scrape(metrics)
+    assert s.value("inference_objective_request_total", model_name="alias", target_model_name="base") == 1
+
+
+def test_pool_gauges_follow_the_datastore() -> None:
+    _, metrics, ds = setup()
+    s = Scrape(metrics)
+    assert s.value("inference_pool_ready_pods", name=POOL) == 3
+    assert s.value("inference_pool_average_queue_size", name=POOL) == pytest.approx(2.0)
+    assert s.value("inference_pool_average_kv_cache_utilization", name=POOL) == pytest.approx(0.3)
+    ds.set_healthy("ep1", False)
+    s = Scrape(metrics)
+    assert s.value("inference_pool_ready_pods", name=POOL) == 2
+    assert s.value("inference_pool_average_queue_size", name=POOL) == pytest.approx(1.0)
+    for i in (0, 2):
+        ds.remove(f"ep{i}")
+    s = Scrape(metrics)
+    assert s.value("inference_pool_ready_pods", name=POOL) == 0
+    assert s.value("inference_pool_average_queue_size", name=POOL) == 0
+
+
+def test_prefix_indexer_gauges() -> None:
+    d, metrics, _ = setup()
+    assert (
+        Scrape(metrics).value(
+            "inference_extension_prefix_indexer_size", plugin="prefix-cache-scorer/prefix-cache-scorer"
+        )
+        == 0
+    )
+    prompt = "The same long system prompt, again and again. " * 10
+    first = d.decide(body(prompt=prompt), {}, "completion")
+    second = d.decide(body(prompt=prompt), {}, "completion")
+    assert first.targets[0].name == second.targets[0].name
+    s = Scrape(metrics)
+    label = {"plugin": "prefix-cache-scorer/prefix-cache-scorer"}
+    assert s.value("inference_extension_prefix_indexer_size", **label) > 0
+    assert s.value("inference_extension_prefix_indexer_hit_ratio", **label) == pytest.approx(0.5)
