@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 
 from epick import __version__
-from epick.cli import demo, serve, sim_server
+from epick.cli import demo, serve, sim_server, simulate
 from epick.cli.explain import dumps, explain, render, replay_history
 from epick.cli.inputs import (
     InputError,
@@ -145,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim_server.add_parser(sub)
     serve.add_parser(sub)
+    simulate.add_parser(sub)
 
     examples = sub.add_parser(
         "examples", help="explain a decision of each shipped config on example endpoints"

@@ -1,0 +1,1 @@
+"""Fleet simulation: the real scheduler against simulated engines, in virtual time (`epick simulate`)."""

@@ -1,0 +1,70 @@
+"""What a run measured: latency percentiles, throughput, cache hits, balance, goodput."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from epick.simulate.fleet import FleetResult
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    ttft_s: float = 2.0
+    tpot_s: float = 0.1
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))
+    return ordered[rank - 1]
+
+
+def cov(values: list[float]) -> float:
+    """Coefficient of variation: standard deviation / mean (0 for one value or a zero mean)."""
+    if len(values) < 2:
+        return 0.0
+    mean = statistics.fmean(values)
+    return statistics.pstdev(values) / mean if mean else 0.0
+
+
+def summarize(policy: str, load: float | None, result: FleetResult, slo: SLO) -> dict[str, Any]:
+    done = [
+        r for r in result.records if r.failed is None and r.finish is not None and r.first_token is not None
+    ]
+    ttft = [r.first_token - r.arrival for r in done if r.first_token is not None]
+    tpot = [
+        (r.finish - r.first_token) / (r.output_tokens - 1)
+        for r in done
+        if r.finish is not None and r.first_token is not None and r.output_tokens > 1
+    ]
+    e2e = [r.finish - r.arrival for r in done if r.finish is not None]
+    makespan = result.makespan or float("nan")
+    output_tokens = sum(r.output_tokens for r in done)
+    good = 0
+    for r in done:
+        assert r.first_token is not None and r.finish is not None
+        per_token = (r.finish - r.first_token) / (r.output_tokens - 1) if r.output_tokens > 1 else 0.0
+        if r.first_token - r.arrival <= slo.ttft_s and per_token <= slo.tpot_s:
+            good += 1
+    return {
+        "policy": policy,
+        "qps": load,
+        "ttft_s": {"p50": percentile(ttft, 50), "p90": percentile(ttft, 90), "p99": percentile(ttft, 99)},
+        "tpot_s": {"p50": percentile(tpot, 50), "p99": percentile(tpot, 99)},
+        "e2e_s": {"p50": percentile(e2e, 50), "p99": percentile(e2e, 99)},
+        "output_tokens_per_s": output_tokens / makespan,
+        "requests_per_s": len(done) / makespan,
+        "prefix_cache_hit_rate": result.prefix_hits / result.prefix_queries if result.prefix_queries else 0.0,
+        "load_cov": cov([float(n) for n in result.requests_per_server]),
+        "busy_cov": cov(result.busy_time),
+        "goodput": good / makespan,
+        "goodput_share": good / len(result.records) if result.records else 0.0,
+        "completed": len(done),
+        "failed": len(result.records) - len(done),
+        "makespan_s": result.makespan,
+    }

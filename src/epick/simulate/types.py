@@ -1,0 +1,57 @@
+"""What workloads produce and what routing policies see, in a fleet simulation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class SimRequestSpec:
+    """One request of a workload.
+
+    `text` is what a router sees (the completion prompt) and `tokens` what the engine computes; they
+    correspond word for word (`epick.simulate.vocab`), so equal text prefixes are equal token prefixes.
+    Open-loop first requests arrive by the fleet's arrival process; a request with `after` waits for
+    that request (the previous turn of its session) to finish, then `think_time` seconds.
+    """
+
+    request_id: str
+    text: str
+    tokens: tuple[int, ...]
+    output_tokens: int
+    model: str = "sim-model"
+    session: str | None = None
+    after: str | None = None
+    think_time: float = 0.0
+    arrival: float | None = None  # fixed arrival time (trace replay); None: the arrival process decides
+
+
+@dataclass(slots=True)
+class ServerView:
+    """What a routing policy may know of one server when it routes."""
+
+    index: int
+    name: str
+    in_flight: int  # requests this router sent there that have not finished
+    waiting: int  # from the last scrape
+    running: int  # from the last scrape
+    kv_usage: float  # from the last scrape
+    active_models: frozenset[str] = frozenset()  # LoRA adapters running, from the last scrape
+    waiting_models: frozenset[str] = frozenset()
+    max_models: int = 0
+    # Exact prefix-cache hit, in tokens, of these tokens on this server right now (oracle only).
+    cached_tokens: Callable[[Sequence[int]], int] = field(repr=False, default=lambda tokens: 0)
+
+
+class Policy(Protocol):
+    """A routing policy: chooses a server for each request, hears when each finishes."""
+
+    name: str
+
+    def route(self, request: SimRequestSpec, servers: Sequence[ServerView], now: float) -> int:
+        """The index of the chosen server."""
+        ...
+
+    def finished(self, request: SimRequestSpec, server: int, now: float) -> None: ...

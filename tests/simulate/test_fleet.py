@@ -1,0 +1,113 @@
+"""The fleet simulation's bookkeeping: determinism, conservation, arrivals, turns, failures."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+
+import pytest
+
+from epick.config import load_config_file, load_default_config
+from epick.sim.engine import CostModel, EngineConfig
+from epick.simulate.epick_policy import EpickPolicy
+from epick.simulate.fleet import ClosedLoop, Fleet, FleetResult, Poisson
+from epick.simulate.report import SLO, cov, percentile, summarize
+from epick.simulate.types import ServerView, SimRequestSpec
+from epick.simulate.vocab import text
+
+CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[2] / "config"
+ENGINE = EngineConfig(num_gpu_blocks=2000, cost=CostModel())
+
+
+def shared_prefix(n: int, groups: int = 4, seed: int = 5) -> Iterator[SimRequestSpec]:
+    rng = random.Random(seed)
+    systems = [tuple(rng.randrange(32000) for _ in range(300)) for _ in range(groups)]
+    for i in range(n):
+        tokens = systems[rng.randrange(groups)] + tuple(rng.randrange(32000) for _ in range(20))
+        yield SimRequestSpec(f"r{i}", text(tokens), tokens, 8)
+
+
+class FirstServer:
+    name = "first"
+
+    def __init__(self) -> None:
+        self.finished_ids: list[str] = []
+
+    def route(self, request: SimRequestSpec, servers: Sequence[ServerView], now: float) -> int:
+        return 0
+
+    def finished(self, request: SimRequestSpec, server: int, now: float) -> None:
+        self.finished_ids.append(request.request_id)
+
+
+def run_default(seed: int, n: int = 60) -> FleetResult:
+    fleet = Fleet(4, ENGINE, EpickPolicy("default", load_default_config(seed=seed)))
+    return fleet.run(shared_prefix(n), Poisson(50.0), random.Random(seed))
+
+
+def test_same_seed_same_run() -> None:
+    a, b = run_default(1), run_default(1)
+    assert [(r.server, r.arrival, r.first_token, r.finish) for r in a.records] == [
+        (r.server, r.arrival, r.first_token, r.finish) for r in b.records
+    ]
+    c = run_default(2)
+    assert [r.arrival for r in a.records] != [r.arrival for r in c.records]
+
+
+def test_every_request_finishes_or_fails_and_is_reported_once() -> None:
+    policy = FirstServer()
+    specs = [*shared_prefix(30), SimRequestSpec("too-long", "x", tuple(range(200_000)), 5)]
+    result = Fleet(2, ENGINE, policy).run(specs, Poisson(100.0), random.Random(0))
+    assert len(result.records) == 31
+    failed = [r for r in result.records if r.failed]
+    assert [r.spec.request_id for r in failed] == ["too-long"]
+    done = [r for r in result.records if not r.failed]
+    assert all(r.finish is not None and r.first_token is not None and r.output_tokens == 8 for r in done)
+    assert sorted(policy.finished_ids) == sorted(r.spec.request_id for r in result.records)
+    assert result.requests_per_server == [31, 0]
+
+
+def test_closed_loop_keeps_the_concurrency() -> None:
+    class Watch(FirstServer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.max_in_flight = 0
+
+        def route(self, request: SimRequestSpec, servers: Sequence[ServerView], now: float) -> int:
+            self.max_in_flight = max(self.max_in_flight, sum(v.in_flight for v in servers) + 1)
+            return len(self.finished_ids) % 2
+
+    policy = Watch()
+    result = Fleet(2, ENGINE, policy).run(shared_prefix(40), ClosedLoop(5), random.Random(0))
+    assert policy.max_in_flight == 5
+    assert len([r for r in result.records if r.finish]) == 40
+
+
+def test_a_later_turn_waits_for_the_earlier_one_and_its_think_time() -> None:
+    first = SimRequestSpec("t1", "a b c", (1, 2, 3), 4, session="s")
+    second = SimRequestSpec("t2", "a b c d e", (1, 2, 3, 4, 5), 4, session="s", after="t1", think_time=2.5)
+    result = Fleet(1, ENGINE, FirstServer()).run([first, second], Poisson(1.0), random.Random(0))
+    by_id = {r.spec.request_id: r for r in result.records}
+    assert by_id["t1"].finish is not None
+    assert by_id["t2"].arrival == pytest.approx(by_id["t1"].finish + 2.5)
+
+
+def test_prefix_affinity_beats_round_robin_on_hits() -> None:
+    default = run_default(3, n=80)
+    rr = Fleet(4, ENGINE, EpickPolicy("rr", load_config_file(CONFIGS / "round-robin.yaml", seed=3))).run(
+        shared_prefix(80), Poisson(50.0), random.Random(3)
+    )
+    # 4 groups over 4 servers: the default config keeps each group on one server (one miss each);
+    # round-robin sends every group to every server (a miss per group per server).
+    assert default.prefix_hits / default.prefix_queries > rr.prefix_hits / rr.prefix_queries
+
+
+def test_summary_fields_and_arithmetic() -> None:
+    result = run_default(4, n=40)
+    s = summarize("default", 50.0, result, SLO(ttft_s=10, tpot_s=10))
+    assert s["completed"] + s["failed"] == 40
+    assert s["goodput"] == pytest.approx(s["requests_per_s"])  # generous SLO: every request is good
+    assert set(s["ttft_s"]) == {"p50", "p90", "p99"} and set(s["tpot_s"]) == {"p50", "p99"}
+    # nearest rank: of 1..10, p50 is the 5th, p90 the 9th, p99 the 10th
+    assert [percentile([float(i) for i in range(1, 11)], q) for q in (50, 90, 99)] == [5.0, 9.0, 10.0]
+    assert cov([1.0, 1.0, 1.0]) == 0.0 and cov([0.0, 2.0]) == pytest.approx(1.0)
