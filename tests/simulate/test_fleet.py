@@ -111,3 +111,23 @@ def test_summary_fields_and_arithmetic() -> None:
     # nearest rank: of 1..10, p50 is the 5th, p90 the 9th, p99 the 10th
     assert [percentile([float(i) for i in range(1, 11)], q) for q in (50, 90, 99)] == [5.0, 9.0, 10.0]
     assert cov([1.0, 1.0, 1.0]) == 0.0 and cov([0.0, 2.0]) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("arrivals", [Poisson(30.0), Poisson(300.0), ClosedLoop(6)])
+def test_decode_runs_change_nothing_but_speed(arrivals: Poisson | ClosedLoop) -> None:
+    def run(decode_runs: bool) -> list[tuple[str, int, float, float | None, float | None, int]]:
+        specs = [
+            SimRequestSpec(s.request_id, s.text, s.tokens, 5 + i % 40) for i, s in enumerate(shared_prefix(60))
+        ]
+        policy = EpickPolicy("default", load_default_config(seed=9))
+        engine = EngineConfig(num_gpu_blocks=400, max_num_seqs=4, cost=CostModel())  # tight: preemption, queues
+        result = Fleet(3, engine, policy, decode_runs=decode_runs).run(specs, arrivals, random.Random(9))
+        return [
+            (r.spec.request_id, r.server, r.arrival, r.first_token, r.finish, r.output_tokens)
+            for r in sorted(result.records, key=lambda r: r.spec.request_id)
+        ]
+
+    stepped, batched = run(False), run(True)
+    assert [r[:2] for r in stepped] == [r[:2] for r in batched]
+    for a, b in zip(stepped, batched, strict=True):
+        assert a[2:] == pytest.approx(b[2:], rel=1e-9, abs=1e-9)

@@ -21,10 +21,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from epick.sim.engine import Engine, EngineConfig, SimRequest
+from epick.sim.engine.decode_run import DecodePlan, DecodeRuns
 from epick.sim.engine.kv_cache import block_hash
 from epick.simulate.types import Policy, ServerView, SimRequestSpec
 
-_ARRIVE, _STEP, _FINISH = 0, 1, 2
+_ARRIVE, _STEP, _FINISH, _RUN_END = 0, 1, 2, 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +78,14 @@ class Fleet:
         output_plan: OutputPlan | None = None,
         lora_ids: dict[str, int] | None = None,
         progress: Callable[[], None] | None = None,
+        decode_runs: bool = True,
     ) -> None:
         self.progress = progress
+        # Pure-decode stretches in one go (epick.sim.engine.decode_run): same results, far fewer events.
+        self.decode_runs = decode_runs
         self.engines = [Engine(engine) for _ in range(servers)]
+        self._runs = [DecodeRuns(e) for e in self.engines]
+        self._plans: list[DecodePlan | None] = [None] * servers
         self.policy = policy
         self.scrape_interval = scrape_interval
         self.output_plan = output_plan
@@ -168,12 +174,36 @@ class Fleet:
             return
         self._requests[spec.request_id] = req
         self.views[server].in_flight += 1
-        if not self._stepping[server]:
+        run = self._plans[server]
+        if run is not None:
+            # Mid-run: the steps started by now complete; the newcomer joins at the next boundary.
+            self._plans[server] = None
+            steps = run.steps_started_by(now)
+            for done in self._runs[server].apply(run, steps):
+                self._push(done.finish_time or now, _FINISH, done.request_id)
+            boundary = run.ends[steps - 1]
+            self._busy_until[server] = boundary
+            self._push(boundary, _STEP, server)
+        elif not self._stepping[server]:
             self._stepping[server] = True
             self._push(max(now, self._busy_until[server]), _STEP, server)
 
+    def _run_end(self, server: int, plan: DecodePlan, now: float) -> None:
+        if self._plans[server] is not plan:
+            return  # cut short by an arrival, which already applied its steps
+        self._plans[server] = None
+        for done in self._runs[server].apply(plan, plan.steps):
+            self._push(now, _FINISH, done.request_id)
+        self._step(server, now)
+
     def _step(self, server: int, now: float) -> None:
         engine = self.engines[server]
+        plan = self._runs[server].plan(now) if self.decode_runs else None
+        if plan is not None:
+            self._plans[server] = plan
+            self._busy_until[server] = plan.end
+            self._push(plan.end, _RUN_END, (server, plan))
+            return
         result = engine.step(now)
         if result.num_scheduled == 0:
             self._stepping[server] = False
@@ -211,6 +241,9 @@ class Fleet:
             clock, _, kind, data = heapq.heappop(events)
             if kind == _STEP:
                 self._step(data, clock)  # type: ignore[arg-type]
+            elif kind == _RUN_END:
+                assert isinstance(data, tuple)
+                self._run_end(data[0], data[1], clock)
             elif kind == _ARRIVE:
                 assert isinstance(data, SimRequestSpec)
                 self._arrive(data, clock)
