@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_schedule.py
 	$(BIN)/python benchmarks/bench_sim.py
 	$(BIN)/python benchmarks/bench_service.py
+	$(BIN)/python benchmarks/bench_simulate.py
 
 demo: $(STAMP)
 	$(BIN)/epick demo
