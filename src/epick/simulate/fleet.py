@@ -13,6 +13,7 @@ real server.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -83,6 +84,8 @@ class Fleet:
         self.progress = progress
         # Pure-decode stretches in one go (epick.sim.engine.decode_run): same results, far fewer events.
         self.decode_runs = decode_runs
+        if engine.kv_events:
+            engine = dataclasses.replace(engine, kv_events=False)  # nobody subscribes in a simulation
         self.engines = [Engine(engine) for _ in range(servers)]
         self._runs = [DecodeRuns(e) for e in self.engines]
         self._plans: list[DecodePlan | None] = [None] * servers

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 _LETTERS = "etaoinshrdlucmfwypvbgkqjxz"
-VOCAB_SIZE = 32_000
+VOCAB_SIZE = 65_536  # token ids are 16-bit: random ones come straight from random bytes
 
 
 def word(i: int) -> str:
@@ -28,4 +28,4 @@ _WORDS = [word(i) for i in range(VOCAB_SIZE)]
 
 
 def text(tokens: Sequence[int]) -> str:
-    return " ".join([_WORDS[t % VOCAB_SIZE] for t in tokens])
+    return " ".join(map(_WORDS.__getitem__, tokens))

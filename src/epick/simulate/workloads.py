@@ -121,8 +121,8 @@ def _random_tokens(rng: random.Random, n: int, first: int | None = None) -> tupl
     if n <= 0:
         return ()
     if first is None:
-        return tuple(rng.choices(_TOKENS, k=n))
-    return (_TOKENS[first], *rng.choices(_TOKENS, k=n - 1))
+        return tuple(array("H", rng.randbytes(2 * n)))  # VOCAB_SIZE is 2**16: any 16 bits are a token
+    return (_TOKENS[first], *array("H", rng.randbytes(2 * (n - 1))))
 
 
 def _distinct_tokens(rng: random.Random, count: int) -> list[int]:

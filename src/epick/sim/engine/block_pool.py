@@ -34,7 +34,7 @@ KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, record_events: bool = True) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
@@ -44,6 +44,7 @@ class BlockPool:
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.cached: dict[int, int] = {}  # block hash -> block id
         self.events: list[KVEvent] = []
+        self.record_events = record_events  # off when nobody listens (fleet simulation)
 
     @property
     def num_free(self) -> int:
@@ -75,7 +76,7 @@ class BlockPool:
                 removed.append(old)
             self.ref_count[block_id] = 1
             out.append(block_id)
-        if removed:
+        if removed and self.record_events:
             self.events.append(BlockRemoved(removed))
         return out
 
@@ -93,6 +94,8 @@ class BlockPool:
             return  # already cached (here or in an identical block)
         self.block_hash[block_id] = block_hash
         self.cached[block_hash] = block_id
+        if not self.record_events:
+            return
         last = self.events[-1] if self.events else None
         if (
             isinstance(last, BlockStored)

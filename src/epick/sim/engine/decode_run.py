@@ -5,7 +5,9 @@ only in how much context they attend: step i takes base + context_token × (C0 +
 sequences, base = overhead + n × decode_seq, and C0 the context of the first. Such a run ends when
 its first request finishes. `plan` computes it without touching the engine; `apply` performs j of its
 steps (j is smaller when a new request arrives mid-run and must join at the next step boundary).
-The result equals stepping j times one by one: the same tokens, times, blocks and cached hashes.
+The result equals stepping j times one by one: the same tokens, times and blocks; full output
+blocks join the prefix cache when their request finishes rather than as they fill, which no
+request can tell apart (nothing is admitted while a run lasts, and the next step registers them).
 """
 
 from __future__ import annotations
@@ -119,13 +121,20 @@ class DecodeRuns:
             plan_tokens = r.output_plan
             size = len(plan_tokens)
             base = len(outs)
-            outs.extend(plan_tokens[(base + i) % size] for i in range(steps))
+            if size == 1:
+                outs.extend(plan_tokens * steps)
+            elif base + steps <= size:
+                outs.extend(plan_tokens[base : base + steps])
+            else:
+                outs.extend(plan_tokens[(base + i) % size] for i in range(steps))
             r.num_tokens += steps
             r.num_computed_tokens = computed
             r.last_token_time = end
-            if kv.enable_prefix_caching and computed // bs > r.num_registered_blocks:
-                kv.cache_full_blocks(r, computed)
             if r.num_output_tokens >= r.max_tokens:
+                # Output blocks filled during runs are offered to the prefix cache when the request
+                # ends: nothing can look them up while it runs (no admission during a run).
+                if kv.enable_prefix_caching and computed // bs > r.num_registered_blocks:
+                    kv.cache_full_blocks(r, computed)
                 r.status = RequestStatus.FINISHED
                 r.finish_reason = FinishReason.LENGTH
                 r.finish_time = end

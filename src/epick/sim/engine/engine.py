@@ -26,6 +26,7 @@ class EngineConfig:
     max_model_len: int = 131_072
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    kv_events: bool = True  # record BlockStored / BlockRemoved events (a server publishes them)
     cost: CostModel = field(default_factory=CostModel)
 
 
@@ -55,7 +56,7 @@ class StepResult:
 class Engine:
     def __init__(self, config: EngineConfig | None = None) -> None:
         self.config = config = config or EngineConfig()
-        self.pool = BlockPool(config.num_gpu_blocks, config.block_size)
+        self.pool = BlockPool(config.num_gpu_blocks, config.block_size, record_events=config.kv_events)
         self.kv = KVCacheManager(self.pool, config.enable_prefix_caching)
         self.scheduler = StepScheduler(
             self.kv,

@@ -85,6 +85,7 @@ class StepScheduler:
         return out
 
     def _preempt(self, req: SimRequest) -> None:
+        self.kv.cache_full_blocks(req, req.num_computed_tokens)  # its computed blocks stay reusable
         self.kv.free(req)
         req.num_computed_tokens = 0
         req.status = RequestStatus.PREEMPTED
