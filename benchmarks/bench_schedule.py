@@ -15,19 +15,11 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from epick.cli.simulate import CONFIG_POLICIES
 from epick.config import LoadedConfig, load_config_text, load_default_config
 from epick.framework import Endpoint, InferenceRequest, Metrics
 
-RANDOM_ONLY = """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: random-picker
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: random-picker
-"""
+RANDOM_ONLY = CONFIG_POLICIES["random"]
 
 GROUPS = 32
 WORDS = ["alpha", "beta", "gamma", "delta", "kv", "cache", "prefix", "token", "batch", "decode", "prefill"]

@@ -22,15 +22,13 @@ from epick.cli.serve import ServeOptions, Service
 from epick.config import LoadedConfig, load_config_text
 from epick.datalayer.datastore import EndpointSpec
 from epick.proxy.server import ProxyOptions
-from epick.sim.server import SimServer
-from tests.datalayer.pages import AppServer, start_sim, stop_sim, vllm_page, wait_until
+from tests.conftest import MakeApp
+from tests.datalayer.pages import AppServer, vllm_page, wait_until
 
 SEED = 11
 MODEL = "sim-model"
 SESSION_HEADER = "x-session-token"
 
-MakeSim = Callable[..., Awaitable[SimServer]]
-MakeApp = Callable[[web.Application], Awaitable[AppServer]]
 MakeService = Callable[..., Awaitable[Service]]
 MakeClient = Callable[[Service], AsyncOpenAI]
 
@@ -149,35 +147,6 @@ class FakeModelServer:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
-
-
-@pytest.fixture
-async def make_sim() -> AsyncIterator[MakeSim]:
-    servers: list[SimServer] = []
-
-    async def start(**kw: Any) -> SimServer:
-        kw.setdefault("seed", SEED + len(servers))
-        server = await start_sim(**kw)
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        await stop_sim(server)
-
-
-@pytest.fixture
-async def make_app() -> AsyncIterator[MakeApp]:
-    apps: list[AppServer] = []
-
-    async def start(app: web.Application) -> AppServer:
-        server = await AppServer(app).start()
-        apps.append(server)
-        return server
-
-    yield start
-    for server in apps:
-        await server.stop()
 
 
 @pytest.fixture

@@ -13,13 +13,13 @@ import pytest
 
 from epick.proxy.server import ENDPOINT_HEADER
 from epick.sim.server import IDENTITY_HEADER
+from tests.conftest import MakeSim
 from tests.datalayer.pages import free_port, wait_until
 from tests.proxy.conftest import (
     MODEL,
     SESSION_HEADER,
     MakeClient,
     MakeService,
-    MakeSim,
     proxy_url,
     steering_config,
     to,

@@ -14,8 +14,9 @@ from epick.config import load_config_text
 from epick.config.defaults import DEFAULT_CONFIG_YAML
 from epick.datalayer.datastore import EndpointSpec
 from epick.proxy.server import ENDPOINT_HEADER, ProxyOptions
+from tests.conftest import MakeSim
 from tests.datalayer.pages import free_port
-from tests.proxy.conftest import MODEL, SEED, MakeService, MakeSim, proxy_url
+from tests.proxy.conftest import MODEL, SEED, MakeService, proxy_url
 
 ROUND_ROBIN = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1

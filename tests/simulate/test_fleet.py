@@ -117,10 +117,13 @@ def test_summary_fields_and_arithmetic() -> None:
 def test_decode_runs_change_nothing_but_speed(arrivals: Poisson | ClosedLoop) -> None:
     def run(decode_runs: bool) -> list[tuple[str, int, float, float | None, float | None, int]]:
         specs = [
-            SimRequestSpec(s.request_id, s.text, s.tokens, 5 + i % 40) for i, s in enumerate(shared_prefix(60))
+            SimRequestSpec(s.request_id, s.text, s.tokens, 5 + i % 40)
+            for i, s in enumerate(shared_prefix(60))
         ]
         policy = EpickPolicy("default", load_default_config(seed=9))
-        engine = EngineConfig(num_gpu_blocks=400, max_num_seqs=4, cost=CostModel())  # tight: preemption, queues
+        engine = EngineConfig(
+            num_gpu_blocks=400, max_num_seqs=4, cost=CostModel()
+        )  # tight: preemption, queues
         result = Fleet(3, engine, policy, decode_runs=decode_runs).run(specs, arrivals, random.Random(9))
         return [
             (r.spec.request_id, r.server, r.arrival, r.first_token, r.finish, r.output_tokens)

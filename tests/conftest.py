@@ -1,4 +1,4 @@
-"""Fixtures for the data-layer tests: simulated model servers, misbehaving apps, an HTTP session."""
+"""Fixtures shared by every test package: simulated model servers and small throwaway HTTP apps."""
 
 from __future__ import annotations
 
@@ -11,12 +11,19 @@ from aiohttp import web
 from epick.sim.server import SimServer
 from tests.datalayer.pages import AppServer, start_sim, stop_sim
 
+SIM_SEED = 11  # failure injection draws from it: fixed, so a test's failures repeat
+
+MakeSim = Callable[..., Awaitable[SimServer]]
+MakeApp = Callable[[web.Application], Awaitable[AppServer]]
+
 
 @pytest.fixture
-async def make_sim() -> AsyncIterator[Callable[..., Awaitable[SimServer]]]:
+async def make_sim() -> AsyncIterator[MakeSim]:
+    """`make_sim(**ServerOptions fields)`: a started simulated server, stopped at teardown."""
     servers: list[SimServer] = []
 
     async def start(**kw: Any) -> SimServer:
+        kw.setdefault("seed", SIM_SEED + len(servers))
         server = await start_sim(**kw)
         servers.append(server)
         return server
@@ -27,7 +34,8 @@ async def make_sim() -> AsyncIterator[Callable[..., Awaitable[SimServer]]]:
 
 
 @pytest.fixture
-async def make_app() -> AsyncIterator[Callable[[web.Application], Awaitable[AppServer]]]:
+async def make_app() -> AsyncIterator[MakeApp]:
+    """`make_app(app)`: an aiohttp app served on a free loopback port, stopped at teardown."""
     apps: list[AppServer] = []
 
     async def start(app: web.Application) -> AppServer:
