@@ -61,7 +61,7 @@ async def served_hit_rate(config: LoadedConfig) -> float:
         url = f"http://127.0.0.1:{service.proxy.port}/v1/completions"
         async with aiohttp.ClientSession() as session:
             for spec in specs():  # one at a time, as the closed loop of one above
-                body = {"model": "sim-model", "prompt": spec.text, "max_tokens": spec.output_tokens}
+                body = {"model": "sim-model", "prompt": spec.prompt, "max_tokens": spec.output_tokens}
                 async with session.post(url, json=body) as r:
                     assert r.status == 200, await r.text()
             for s in sims:

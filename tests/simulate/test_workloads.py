@@ -72,8 +72,8 @@ def test_stream_is_independent_of_later_draws(workload: Workload) -> None:
 def test_text_and_tokens_correspond(workload: Workload) -> None:
     requests = generate(workload)
     for r in requests:
-        assert r.text == vocab.text(r.tokens)
-        assert len(r.text.split()) == len(r.tokens)
+        assert r.prompt == vocab.text(r.tokens)
+        assert len(r.prompt.split()) == len(r.tokens)
         assert all(0 <= t < vocab.VOCAB_SIZE for t in r.tokens)
         assert r.output_tokens >= 1
     assert len({r.request_id for r in requests}) == len(requests)
@@ -118,7 +118,7 @@ def test_shared_prefix_shape() -> None:
 def test_shared_prefix_reuses_the_system_prompt_and_text() -> None:
     requests = generate(SharedPrefix(groups=1, prompts_per_group=3, system_tokens=20, question_tokens=5))
     prefix_text = vocab.text(requests[0].tokens[:20])
-    assert all(r.text.startswith(prefix_text + " ") for r in requests)
+    assert all(r.prompt.startswith(prefix_text + " ") for r in requests)
 
 
 def test_shared_prefix_shuffle() -> None:
@@ -131,7 +131,7 @@ def test_shared_prefix_shuffle() -> None:
 
 def test_shared_prefix_without_system_prompt() -> None:
     requests = generate(SharedPrefix(groups=2, prompts_per_group=2, system_tokens=0, question_tokens=3))
-    assert all(len(r.tokens) == 3 and r.text == vocab.text(r.tokens) for r in requests)
+    assert all(len(r.tokens) == 3 and r.prompt == vocab.text(r.tokens) for r in requests)
 
 
 def _fields(w: Any) -> dict[str, Any]:
@@ -300,7 +300,7 @@ def test_trace_replay(tmp_path: Path) -> None:
     assert b.tokens == trace_block_tokens(7) + trace_block_tokens(8)
     assert len(trace_block_tokens(7)) == TRACE_BLOCK_TOKENS
     assert common_prefix(b.tokens, c.tokens) == TRACE_BLOCK_TOKENS
-    assert b.text == vocab.text(b.tokens) and len(b.text.split()) == len(b.tokens)
+    assert b.prompt == vocab.text(b.tokens) and len(b.prompt.split()) == len(b.tokens)
     assert c.request_id == "x" and c.session == "a" and c.model == BASE_MODEL
     assert generate(Trace(path), 1) == generate(Trace(path), 2)  # the seed plays no part
 

@@ -12,13 +12,57 @@ from collections.abc import Sequence
 
 from epick.config import LoadedConfig
 from epick.framework import Endpoint, InferenceRequest, Metrics, RequestBody, Response, SchedulingError
+from epick.framework.request import CHARS_PER_TOKEN
+from epick.plugins.filters.label_selector import LabelSelectorFilter
+from epick.plugins.filters.role import RoleFilter
+from epick.plugins.filters.utilization import UtilizationDetector
+from epick.plugins.pickers.max_score import MaxScorePicker
+from epick.plugins.pickers.random_picker import RandomPicker
+from epick.plugins.pickers.round_robin import RoundRobinPicker
+from epick.plugins.pickers.weighted_random import WeightedRandomPicker
+from epick.plugins.profile.deciders import AlwaysDisaggDecider
+from epick.plugins.profile.disagg import DisaggProfileHandler
+from epick.plugins.profile.shadow import ShadowProfileHandler
+from epick.plugins.profile.single import SingleProfileHandler
+from epick.plugins.scorers.active_request import ActiveRequestScorer
+from epick.plugins.scorers.kv_cache import KVCacheUtilizationScorer
+from epick.plugins.scorers.load_aware import LoadAwareScorer
+from epick.plugins.scorers.lora_affinity import LoraAffinityScorer
+from epick.plugins.scorers.queue import QueueScorer
+from epick.plugins.scorers.running_requests import RunningRequestsSizeScorer
+from epick.plugins.scorers.session_affinity import SessionAffinityScorer
 from epick.simulate.types import ServerView, SimRequestSpec
+
+# In-tree plugins that never read the prompt text (the token-load scorer and the prefix-based decider
+# read only its length, which the estimate below gives).
+TEXT_BLIND = (
+    ActiveRequestScorer,
+    AlwaysDisaggDecider,
+    DisaggProfileHandler,
+    KVCacheUtilizationScorer,
+    LabelSelectorFilter,
+    LoadAwareScorer,
+    LoraAffinityScorer,
+    MaxScorePicker,
+    QueueScorer,
+    RandomPicker,
+    RoleFilter,
+    RoundRobinPicker,
+    RunningRequestsSizeScorer,
+    SessionAffinityScorer,
+    ShadowProfileHandler,
+    SingleProfileHandler,
+    UtilizationDetector,
+    WeightedRandomPicker,
+)
 
 
 class EpickPolicy:
     def __init__(self, name: str, config: LoadedConfig) -> None:
         self.name = name
         self.config = config
+        # Most plugins never read the prompt; then the (costly) text is not built at all.
+        self.needs_text = not all(isinstance(p, TEXT_BLIND) for p in config.plugins.values())
         self._endpoints: list[Endpoint] = []
         self._snapshot_key: tuple[object, ...] = ()
         self._requests: dict[str, tuple[InferenceRequest, Endpoint]] = {}
@@ -48,7 +92,12 @@ class EpickPolicy:
         return self._endpoints
 
     def route(self, request: SimRequestSpec, servers: Sequence[ServerView], now: float) -> int:
-        req = InferenceRequest(request.model, RequestBody.completion(request.text), request.request_id)
+        if self.needs_text:
+            body = RequestBody.completion(request.prompt)
+        else:
+            estimate = len(request.tokens) * CHARS_PER_TOKEN  # what the text's length would be
+            body = RequestBody(kind="completion", prefix_bytes=estimate)
+        req = InferenceRequest(request.model, body, request.request_id)
         candidates = self._candidates(servers)
         try:
             result = self.config.scheduler.schedule(req, candidates)

@@ -223,7 +223,7 @@ class SGLangCacheAware:
         return path, None, 0, pos
 
     def route(self, request: SimRequestSpec, servers: Sequence[ServerView], now: float) -> int:
-        text = request.text
+        text = request.prompt
         rng = self._rng
         loads = [s.in_flight for s in servers]
         max_load = max(loads)
@@ -466,7 +466,7 @@ class PrefixRandom:
         return matched, selected
 
     def route(self, request: SimRequestSpec, servers: Sequence[ServerView], now: float) -> int:
-        hashes = self.chunk_hashes(request.text)
+        hashes = self.chunk_hashes(request.prompt)
         matched, selected = self._match(hashes, self._available(servers))
         if matched < self.min_match_chunks:
             chosen = _least_in_flight(servers, self._rng)

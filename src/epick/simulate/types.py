@@ -6,6 +6,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from epick.simulate import vocab
+
 
 @dataclass(frozen=True, slots=True)
 class SimRequestSpec:
@@ -18,7 +20,7 @@ class SimRequestSpec:
     """
 
     request_id: str
-    text: str
+    text: str | None  # None: built from the tokens when a policy first asks (`prompt`)
     tokens: tuple[int, ...]
     output_tokens: int
     model: str = "sim-model"
@@ -26,6 +28,15 @@ class SimRequestSpec:
     after: str | None = None
     think_time: float = 0.0
     arrival: float | None = None  # fixed arrival time (trace replay); None: the arrival process decides
+
+    @property
+    def prompt(self) -> str:
+        """The prompt text; built from the tokens on first use when the workload left it out (many
+        policies never read it, and building it is a good part of generating a request)."""
+        if self.text is None:
+            object.__setattr__(self, "text", vocab.text(self.tokens))
+        assert self.text is not None
+        return self.text
 
 
 @dataclass(slots=True)

@@ -412,9 +412,7 @@ class ShareGPTLike(Workload):
             input_tokens = _lognormal_length(rng, self.input_median, self.input_sigma, self.input_max)
             output_tokens = _lognormal_length(rng, self.output_median, self.output_sigma, self.output_max)
             tokens = _random_tokens(rng, input_tokens)
-            yield SimRequestSpec(
-                request_id=f"sg-{i}", text=vocab.text(tokens), tokens=tokens, output_tokens=output_tokens
-            )
+            yield SimRequestSpec(request_id=f"sg-{i}", text=None, tokens=tokens, output_tokens=output_tokens)
 
 
 @dataclass(frozen=True)
@@ -472,7 +470,7 @@ class LoraMix(Workload):
             tokens = _random_tokens(rng, self.prompt_tokens)
             yield SimRequestSpec(
                 request_id=f"lora-mix-{i}",
-                text=vocab.text(tokens),
+                text=None,
                 tokens=tokens,
                 output_tokens=self.output_tokens,
                 model=model,
