@@ -9,6 +9,7 @@ requests to keep the run short.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import time
 
@@ -30,7 +31,8 @@ def run(policy: str, n: int, decode_runs: bool) -> tuple[float, float]:
         if policy == "default"
         else load_config_text(CONFIG_POLICIES[policy], seed=1)
     )
-    fleet = Fleet(64, EngineConfig(), EpickPolicy(policy, config), decode_runs=decode_runs)
+    engine = dataclasses.replace(EngineConfig(), cache_output_blocks=workload.reuses_outputs)  # as the CLI
+    fleet = Fleet(64, engine, EpickPolicy(policy, config), decode_runs=decode_runs)
     start = time.perf_counter()
     result = fleet.run(workload.requests(random.Random(1)), Poisson(400.0), random.Random(2))
     wall = time.perf_counter() - start

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -175,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
     engine = ServerOptions.engine_config(
         num_gpu_blocks=args.num_gpu_blocks, max_num_seqs=args.max_num_seqs, max_loras=args.max_loras
     )
+    engine = dataclasses.replace(engine, cache_output_blocks=workload.reuses_outputs)
     scrape = parse_duration(args.scrape_interval)
     slo = SLO(args.slo_ttft, args.slo_tpot)
     console = Console(stderr=True)

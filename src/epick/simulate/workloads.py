@@ -84,6 +84,12 @@ class Workload(Protocol):
         """The LoRA adapters this workload's requests name as `model`, when known in advance."""
         return ()
 
+    @property
+    def reuses_outputs(self) -> bool:
+        """Whether a later prompt may contain an earlier request's output (a conversation's history):
+        only then must engines offer output blocks to the prefix cache."""
+        return False
+
 
 # Small helpers
 
@@ -363,6 +369,10 @@ class MultiTurn(Workload):
                 history_text = _join(text, vocab.text(answer))
                 previous = request_id
 
+    @property
+    def reuses_outputs(self) -> bool:
+        return True  # each turn's prompt holds the earlier answers
+
     def output_plan(self, request: SimRequestSpec) -> tuple[int, ...]:
         match = _MULTI_TURN_ID.fullmatch(request.request_id)
         if match is None:
@@ -580,6 +590,10 @@ class Trace(Workload):
     """
 
     kind: ClassVar[str] = "trace"
+
+    @property
+    def reuses_outputs(self) -> bool:
+        return True  # a trace's prompts may repeat anything, outputs included
 
     path: Path
 

@@ -27,6 +27,10 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     kv_events: bool = True  # record BlockStored / BlockRemoved events (a server publishes them)
+    # Offer full blocks of generated tokens to the prefix cache, as vLLM does. A simulation whose
+    # prompts never contain earlier outputs turns it off: no lookup could hit them, and hashing
+    # them is a large share of its cost.
+    cache_output_blocks: bool = True
     cost: CostModel = field(default_factory=CostModel)
 
 
@@ -57,7 +61,7 @@ class Engine:
     def __init__(self, config: EngineConfig | None = None) -> None:
         self.config = config = config or EngineConfig()
         self.pool = BlockPool(config.num_gpu_blocks, config.block_size, record_events=config.kv_events)
-        self.kv = KVCacheManager(self.pool, config.enable_prefix_caching)
+        self.kv = KVCacheManager(self.pool, config.enable_prefix_caching, config.cache_output_blocks)
         self.scheduler = StepScheduler(
             self.kv,
             max_num_seqs=config.max_num_seqs,

@@ -19,10 +19,13 @@ def block_hash(parent: int | None, tokens: tuple[int, ...], lora_id: int | None)
 
 
 class KVCacheManager:
-    def __init__(self, pool: BlockPool, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, pool: BlockPool, enable_prefix_caching: bool = True, cache_outputs: bool = True
+    ) -> None:
         self.pool = pool
         self.block_size = pool.block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.cache_outputs = cache_outputs  # also offer blocks of generated tokens (vLLM does)
 
     def _extend_hashes(self, req: SimRequest, upto_tokens: int) -> None:
         bs = self.block_size
@@ -75,6 +78,8 @@ class KVCacheManager:
         """Register the blocks that are full once `num_computed_tokens` of `req` are computed."""
         if not self.enable_prefix_caching:
             return
+        if not self.cache_outputs and num_computed_tokens > req.num_prompt_tokens:
+            num_computed_tokens = req.num_prompt_tokens
         bs = self.block_size
         full = num_computed_tokens // bs
         if full <= req.num_registered_blocks:
