@@ -10,6 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from epick.cli.serve import ServeOptions, Service
+from epick.cli.simulate import CONFIG_POLICIES
 from epick.config import load_config_text
 from epick.config.defaults import DEFAULT_CONFIG_YAML
 from epick.datalayer.datastore import EndpointSpec
@@ -18,16 +19,7 @@ from tests.conftest import MakeSim
 from tests.datalayer.pages import free_port
 from tests.proxy.conftest import MODEL, SEED, MakeService, proxy_url
 
-ROUND_ROBIN = """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: round-robin-picker
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: round-robin-picker
-"""
+ROUND_ROBIN = CONFIG_POLICIES["round-robin"]
 
 BAD = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -138,54 +139,32 @@ class ServerMetrics:
         self.model = model
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_EngineState(engine, model))
-        r = self.registry
-        labels = ["model_name"]
-        self.prefix_queries = Counter(
-            "vllm:prefix_cache_queries", "Prefix-cache queries, in tokens.", labels, registry=r
-        ).labels(model)
-        self.prefix_hits = Counter(
-            "vllm:prefix_cache_hits", "Prefix-cache hits, in tokens.", labels, registry=r
-        ).labels(model)
-        self.prompt_tokens = Counter(
-            "vllm:prompt_tokens", "Prefill tokens processed.", labels, registry=r
-        ).labels(model)
-        self.generation_tokens = Counter(
-            "vllm:generation_tokens", "Generation tokens processed.", labels, registry=r
-        ).labels(model)
+        self.prefix_queries = self._counter("vllm:prefix_cache_queries", "Prefix-cache queries, in tokens.")
+        self.prefix_hits = self._counter("vllm:prefix_cache_hits", "Prefix-cache hits, in tokens.")
+        self.prompt_tokens = self._counter("vllm:prompt_tokens", "Prefill tokens processed.")
+        self.generation_tokens = self._counter("vllm:generation_tokens", "Generation tokens processed.")
         self._success = Counter(
             "vllm:request_success",
             "Successfully processed requests.",
-            [*labels, "finished_reason"],
-            registry=r,
+            ["model_name", "finished_reason"],
+            registry=self.registry,
         )
-        self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds",
-            "Time to first token.",
-            labels,
-            buckets=TTFT_BUCKETS,
-            registry=r,
-        ).labels(model)
-        self.itl = Histogram(
-            "vllm:inter_token_latency_seconds",
-            "Time between tokens.",
-            labels,
-            buckets=ITL_BUCKETS,
-            registry=r,
-        ).labels(model)
-        self.e2e = Histogram(
-            "vllm:e2e_request_latency_seconds",
-            "End-to-end request latency.",
-            labels,
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        ).labels(model)
-        self.queue_time = Histogram(
-            "vllm:request_queue_time_seconds",
-            "Time spent waiting.",
-            labels,
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        ).labels(model)
+        self.ttft = self._histogram("vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
+        self.itl = self._histogram("vllm:inter_token_latency_seconds", "Time between tokens.", ITL_BUCKETS)
+        self.e2e = self._histogram(
+            "vllm:e2e_request_latency_seconds", "End-to-end request latency.", LATENCY_BUCKETS
+        )
+        self.queue_time = self._histogram(
+            "vllm:request_queue_time_seconds", "Time spent waiting.", LATENCY_BUCKETS
+        )
+
+    def _counter(self, name: str, doc: str) -> Any:
+        return Counter(name, doc, ["model_name"], registry=self.registry).labels(self.model)
+
+    def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+        return Histogram(name, doc, ["model_name"], buckets=buckets, registry=self.registry).labels(
+            self.model
+        )
 
     def success(self, finished_reason: str) -> None:
         self._success.labels(self.model, finished_reason).inc()
