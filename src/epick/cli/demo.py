@@ -170,7 +170,8 @@ def report(results: list[RunResult], workload: Workload, console: Console) -> No
     table.add_row("errors", *(str(r.errors) for r in results))
     console.print(table)
     console.print(
-        "Times are simulated seconds (wall time × the time scale): what the modelled GPUs would show."
+        "TTFT and throughput are measured by the client, through the proxy, in simulated seconds "
+        "(wall time × --time-scale, 1 by default)."
     )
 
 
