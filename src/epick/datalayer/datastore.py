@@ -32,7 +32,7 @@ class Datastore:
     def __init__(self) -> None:
         self._endpoints: dict[str, Endpoint] = {}
         self._specs: dict[str, EndpointSpec] = {}
-        self._snapshot: list[Endpoint] | None = None
+        self._snapshot: tuple[Endpoint, ...] | None = None
         self._listeners: list[Listener] = []
         self._unhealthy: set[str] = set()
 
@@ -97,11 +97,12 @@ class Datastore:
     def specs(self) -> list[EndpointSpec]:
         return list(self._specs.values())
 
-    def snapshot(self) -> list[Endpoint]:
-        """The current healthy endpoints; the same list object until something changes."""
+    def snapshot(self) -> tuple[Endpoint, ...]:
+        """The current healthy endpoints; the same tuple until something changes (so the scheduler's
+        own snapshot of it is free, and plugins may cache work per snapshot)."""
         if self._snapshot is None:
             unhealthy = self._unhealthy
-            self._snapshot = [ep for name, ep in self._endpoints.items() if name not in unhealthy]
+            self._snapshot = tuple(ep for name, ep in self._endpoints.items() if name not in unhealthy)
         return self._snapshot
 
     def all_endpoints(self) -> list[Endpoint]:

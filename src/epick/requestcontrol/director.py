@@ -151,7 +151,8 @@ class Director:
         return Decision(request, result, body, client_model)
 
     def schedule(self, request: InferenceRequest, exclude: frozenset[str] = frozenset()) -> SchedulingResult:
-        candidates = [ep for ep in self.datastore.snapshot() if ep.name not in exclude]
+        snapshot = self.datastore.snapshot()
+        candidates = tuple(ep for ep in snapshot if ep.name not in exclude) if exclude else snapshot
         if not candidates:
             raise errors.no_endpoints()
         if request.priority < 0:

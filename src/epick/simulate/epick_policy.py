@@ -63,16 +63,16 @@ class EpickPolicy:
         self.config = config
         # Most plugins never read the prompt; then the (costly) text is not built at all.
         self.needs_text = not all(isinstance(p, TEXT_BLIND) for p in config.plugins.values())
-        self._endpoints: list[Endpoint] = []
+        self._endpoints: tuple[Endpoint, ...] = ()
         self._snapshot_key: tuple[object, ...] = ()
         self._requests: dict[str, tuple[InferenceRequest, Endpoint]] = {}
         self.errors = 0
 
-    def _candidates(self, servers: Sequence[ServerView]) -> list[Endpoint]:
+    def _candidates(self, servers: Sequence[ServerView]) -> tuple[Endpoint, ...]:
         key = tuple((v.waiting, v.running, v.kv_usage, v.active_models, v.waiting_models) for v in servers)
         if key != self._snapshot_key or len(self._endpoints) != len(servers):
             self._snapshot_key = key
-            self._endpoints = [
+            self._endpoints = tuple(
                 Endpoint(
                     v.name,
                     "10.0.0.1",
@@ -88,7 +88,7 @@ class EpickPolicy:
                     ),
                 )
                 for v in servers
-            ]
+            )
         return self._endpoints
 
     def route(self, request: SimRequestSpec, servers: Sequence[ServerView], now: float) -> int:

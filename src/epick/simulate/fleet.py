@@ -147,7 +147,7 @@ class Fleet:
             view.waiting = engine.num_waiting
             view.running = engine.num_running
             view.kv_usage = engine.kv_usage
-            if engine.config.max_loras:
+            if self.lora_ids and engine.config.max_loras:  # only a LoRA workload needs them
                 view.active_models = frozenset(engine.running_loras())
                 view.waiting_models = frozenset(engine.waiting_loras())
                 view.max_models = engine.config.max_loras

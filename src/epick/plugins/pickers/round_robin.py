@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from epick.framework import (
     CycleState,
+    Endpoint,
     InferenceRequest,
     NamedPlugin,
     ProfileRunResult,
@@ -30,11 +31,18 @@ class RoundRobinPicker(NamedPlugin):
         super().__init__(name)
         self.max_num_of_endpoints = max_num_of_endpoints
         self._next = 0
+        # The order for the last candidate sequence seen: an unchanged snapshot is not sorted again.
+        self._sorted_for: Sequence[Endpoint] | None = None
+        self._order: list[Endpoint] = []
 
     def pick(
         self, request: InferenceRequest, cycle_state: CycleState, scored: Sequence[ScoredEndpoint]
     ) -> ProfileRunResult:
-        order = sorted(split_scored(scored)[0], key=lambda ep: ep.name)
+        endpoints = split_scored(scored)[0]
+        if endpoints is not self._sorted_for:
+            self._order = sorted(endpoints, key=lambda ep: ep.name)
+            self._sorted_for = endpoints if isinstance(endpoints, tuple) else None
+        order = self._order
         n = len(order)
         if n == 0:
             return ProfileRunResult(())
