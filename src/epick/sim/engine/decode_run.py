@@ -59,11 +59,13 @@ class DecodeRuns:
         remaining = max_steps
         context = 0
         for r in running:
-            if r.num_computed_tokens != r.num_tokens - 1 or r.num_computed_tokens < r.num_prompt_tokens:
+            tokens = r.num_tokens
+            computed = r.num_computed_tokens
+            if computed != tokens - 1 or computed < r.num_prompt:
                 return None  # still in (or back in) prefill
-            left = r.max_tokens - r.num_output_tokens
+            left = r.max_tokens - tokens + r.num_prompt  # max_tokens - outputs so far
             remaining = min(remaining, left)
-            context += r.num_tokens
+            context += tokens
         k = self._fit_blocks(running, remaining)
         if k < 2:
             return None  # one step: the ordinary path handles it (and any preemption)

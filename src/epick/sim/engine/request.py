@@ -34,6 +34,7 @@ class SimRequest:
 
     output_token_ids: list[int] = field(default_factory=list)
     num_tokens: int = 0  # prompt + output so far (kept, not computed: it is read on every step)
+    num_prompt: int = 0  # len(prompt_token_ids), kept for the same reason
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
@@ -49,14 +50,15 @@ class SimRequest:
 
     @property
     def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+        return self.num_prompt
 
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
 
     def __post_init__(self) -> None:
-        self.num_tokens = len(self.prompt_token_ids) + len(self.output_token_ids)
+        self.num_prompt = len(self.prompt_token_ids)
+        self.num_tokens = self.num_prompt + len(self.output_token_ids)
 
     def append_output(self, token: int) -> None:
         self.output_token_ids.append(token)
