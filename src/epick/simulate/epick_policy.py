@@ -69,7 +69,12 @@ class EpickPolicy:
         self.errors = 0
 
     def _candidates(self, servers: Sequence[ServerView]) -> tuple[Endpoint, ...]:
-        key = tuple((v.waiting, v.running, v.kv_usage, v.active_models, v.waiting_models) for v in servers)
+        if servers and servers[0].epoch:
+            key: tuple[object, ...] = (servers[0].epoch, len(servers))  # the fleet says when they change
+        else:
+            key = tuple(
+                (v.waiting, v.running, v.kv_usage, v.active_models, v.waiting_models) for v in servers
+            )
         if key != self._snapshot_key or len(self._endpoints) != len(servers):
             self._snapshot_key = key
             self._endpoints = tuple(

@@ -98,6 +98,7 @@ class Fleet:
             for i in range(servers)
         ]
         self._scraped_epoch = -1
+        self._scrapes = 0
         self._busy_until = [0.0] * servers  # end of the step in progress; <= now when idle
         self._stepping = [False] * servers
         self._events: list[tuple[float, int, int, object]] = []
@@ -143,7 +144,9 @@ class Fleet:
         if epoch == self._scraped_epoch and epoch != -2:
             return
         self._scraped_epoch = epoch
+        self._scrapes += 1
         for view, engine in zip(self.views, self.engines, strict=True):
+            view.epoch = self._scrapes
             view.waiting = engine.num_waiting
             view.running = engine.num_running
             view.kv_usage = engine.kv_usage

@@ -52,6 +52,7 @@ class ServerView:
     active_models: frozenset[str] = frozenset()  # LoRA adapters running, from the last scrape
     waiting_models: frozenset[str] = frozenset()
     max_models: int = 0
+    epoch: int = 0  # which scrape these metrics come from (0: unknown); the same for every server
     # Exact prefix-cache hit, in tokens, of these tokens on this server right now (oracle only).
     cached_tokens: Callable[[Sequence[int]], int] = field(repr=False, default=lambda tokens: 0)
 
