@@ -33,6 +33,7 @@ from rich.table import Table
 
 from epick.datalayer.engines import ENGINES
 from epick.datalayer.parse import parse_metrics
+from epick.sim.metrics import TTFT_BUCKETS
 
 ROOT = Path(__file__).resolve().parents[1]
 EPICK = [sys.executable, "-m", "epick.cli.main"]
@@ -103,25 +104,7 @@ def vllm_page(families: int = 40) -> str:
         'vllm:lora_requests_info{max_lora="4",running_lora_adapters="a,b",waiting_lora_adapters=""} 1.7e9'
     )
     lines.append(f'vllm:cache_config_info{{block_size="16",num_gpu_blocks="27000",{model}}} 1.0')
-    buckets = (
-        0.001,
-        0.005,
-        0.01,
-        0.02,
-        0.04,
-        0.06,
-        0.08,
-        0.1,
-        0.25,
-        0.5,
-        0.75,
-        1.0,
-        2.5,
-        5.0,
-        7.5,
-        10.0,
-        20.0,
-    )
+    buckets = TTFT_BUCKETS[:17]  # a vLLM histogram's buckets
     for f in range(families):
         name = f"vllm:histogram_family_{f}_seconds"
         lines += [f"# HELP {name} doc", f"# TYPE {name} histogram"]

@@ -22,16 +22,24 @@ class ModelCatalog:
         self.by_endpoint: dict[str, list[dict[str, Any]]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
+        # `known()` runs for every request: its answer is kept until the polls or the set of
+        # healthy endpoints change (both are replaced, never mutated, so identity tells).
+        self._known: set[str] = set()
+        self._known_for: tuple[object, object] | None = None
 
     def known(self) -> set[str]:
         """Model ids served by at least one healthy endpoint (empty until the first poll answers)."""
-        return {
-            card["id"]
-            for name, cards in self.by_endpoint.items()
-            if self.datastore.is_healthy(name)
-            for card in cards
-            if isinstance(card.get("id"), str)
-        }
+        key = (self.by_endpoint, self.datastore.snapshot())
+        if self._known_for is None or key[0] is not self._known_for[0] or key[1] is not self._known_for[1]:
+            self._known = {
+                card["id"]
+                for name, cards in self.by_endpoint.items()
+                if self.datastore.is_healthy(name)
+                for card in cards
+                if isinstance(card.get("id"), str)
+            }
+            self._known_for = key
+        return self._known
 
     def cards(self) -> list[dict[str, Any]]:
         """The union of the endpoints' model cards, one per id."""
