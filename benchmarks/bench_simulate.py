@@ -2,7 +2,7 @@
 
 The workload is ShareGPT-like (median 100 prompt and 250 output tokens) at 400 requests/s offered,
 for round-robin and for the default config; the baseline in the same run is the same simulation
-stepping every engine step one by one (`decode_runs=False`, identical results), on a quarter of the
+stepping every engine step one by one (`stepped=True`, identical results), on a quarter of the
 requests to keep the run short.
 """
 
@@ -24,7 +24,7 @@ from epick.simulate.fleet import Fleet, Poisson
 from epick.simulate.workloads import build_workload
 
 
-def run(policy: str, n: int, decode_runs: bool) -> tuple[float, float]:
+def run(policy: str, n: int, stepped: bool) -> tuple[float, float]:
     workload = build_workload("sharegpt-like", {"n": n})
     config = (
         load_default_config(seed=1)
@@ -32,7 +32,7 @@ def run(policy: str, n: int, decode_runs: bool) -> tuple[float, float]:
         else load_config_text(CONFIG_POLICIES[policy], seed=1)
     )
     engine = dataclasses.replace(EngineConfig(), cache_output_blocks=workload.reuses_outputs)  # as the CLI
-    fleet = Fleet(64, engine, EpickPolicy(policy, config), decode_runs=decode_runs)
+    fleet = Fleet(64, engine, EpickPolicy(policy, config), stepped=stepped)
     start = time.perf_counter()
     result = fleet.run(workload.requests(random.Random(1)), Poisson(400.0), random.Random(2))
     wall = time.perf_counter() - start
@@ -48,8 +48,8 @@ def main() -> None:
     for col in ("policy", "stepping", "simulated requests/s", "ratio to one-by-one", "makespan (s)"):
         table.add_column(col, justify="right")
     for policy in ("round-robin", "default"):
-        base, base_makespan = run(policy, n // 4, decode_runs=False)
-        fast, makespan = run(policy, n, decode_runs=True)
+        base, base_makespan = run(policy, n // 4, stepped=True)
+        fast, makespan = run(policy, n, stepped=False)
         table.add_row(policy, "one by one", f"{base:,.0f}", "1.00", f"{base_makespan:.1f}")
         table.add_row(policy, "decode runs", f"{fast:,.0f}", f"{fast / base:.2f}", f"{makespan:.1f}")
     Console().print(table)

@@ -41,7 +41,7 @@ def run(engine: Engine, now: float = 0.0) -> tuple[float, list[KVEvent]]:
 def assert_pool_consistent(engine: Engine) -> None:
     pool = engine.pool
     assert all(r >= 0 for r in pool.ref_count)
-    assert set(pool.free) == {b for b, r in enumerate(pool.ref_count) if r == 0}
+    assert set(pool.free_block_ids()) == {b for b, r in enumerate(pool.ref_count) if r == 0}
     for h, b in pool.cached.items():
         assert pool.block_hash[b] == h
 

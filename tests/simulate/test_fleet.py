@@ -114,8 +114,8 @@ def test_summary_fields_and_arithmetic() -> None:
 
 
 @pytest.mark.parametrize("arrivals", [Poisson(30.0), Poisson(300.0), ClosedLoop(6)])
-def test_decode_runs_change_nothing_but_speed(arrivals: Poisson | ClosedLoop) -> None:
-    def run(decode_runs: bool) -> list[tuple[str, int, float, float | None, float | None, int]]:
+def test_cohort_engines_change_nothing_but_speed(arrivals: Poisson | ClosedLoop) -> None:
+    def run(stepped: bool) -> list[tuple[str, int, float, float | None, float | None, int]]:
         specs = [
             SimRequestSpec(s.request_id, s.text, s.tokens, 5 + i % 40)
             for i, s in enumerate(shared_prefix(60))
@@ -124,13 +124,13 @@ def test_decode_runs_change_nothing_but_speed(arrivals: Poisson | ClosedLoop) ->
         engine = EngineConfig(
             num_gpu_blocks=400, max_num_seqs=4, cost=CostModel()
         )  # tight: preemption, queues
-        result = Fleet(3, engine, policy, decode_runs=decode_runs).run(specs, arrivals, random.Random(9))
+        result = Fleet(3, engine, policy, stepped=stepped).run(specs, arrivals, random.Random(9))
         return [
             (r.spec.request_id, r.server, r.arrival, r.first_token, r.finish, r.output_tokens)
             for r in sorted(result.records, key=lambda r: r.spec.request_id)
         ]
 
-    stepped, batched = run(False), run(True)
+    stepped, batched = run(True), run(False)
     assert [r[:2] for r in stepped] == [r[:2] for r in batched]
     for a, b in zip(stepped, batched, strict=True):
         assert a[2:] == pytest.approx(b[2:], rel=1e-9, abs=1e-9)

@@ -1,14 +1,16 @@
 """A fleet of simulated engines in virtual time, fed by a workload and routed by a policy.
 
 Events, in time order: a request arrives (the policy routes it, the engine queues it), a server's
-step ends (its tokens appear, finished requests are reported to the policy, the next step starts),
-a finished turn releases the next turn of its session after its think time. Nothing sleeps: the
+step or run of steps ends (finished requests are reported to the policy, the next step starts), a
+finished turn releases the next turn of its session after its think time. Nothing sleeps: the
 clock jumps from event to event.
 
 The policy sees each server's metrics as of the last scrape (every `scrape_interval`, as the
-service's scrapers): the first request routed after an interval boundary refreshes them. An engine
-applies a step's effects when the step starts, so a scrape can be up to one step fresher than on a
-real server.
+service's scrapers), and a scrape reads what the engine published after its last completed step.
+The first request routed after an interval boundary refreshes them.
+
+Engines are `CohortEngine`s (decode steps in runs); `stepped=True` uses `SteppedEngine`, one event
+per step, the reference the fast one is tested against.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from epick.sim.engine import Engine, EngineConfig, SimRequest
-from epick.sim.engine.decode_run import DecodePlan, DecodeRuns
+from epick.sim.engine import EngineConfig, SimRequest
+from epick.sim.engine.cohort import CohortEngine
 from epick.sim.engine.kv_cache import block_hash
+from epick.sim.engine.timed import SteppedEngine
 from epick.simulate.types import Policy, ServerView, SimRequestSpec
 
-_ARRIVE, _STEP, _FINISH, _RUN_END = 0, 1, 2, 3
+_ARRIVE, _ENGINE = 0, 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,32 +82,31 @@ class Fleet:
         output_plan: OutputPlan | None = None,
         lora_ids: dict[str, int] | None = None,
         progress: Callable[[], None] | None = None,
-        decode_runs: bool = True,
+        stepped: bool = False,
     ) -> None:
         self.progress = progress
-        # Pure-decode stretches in one go (epick.sim.engine.decode_run): same results, far fewer events.
-        self.decode_runs = decode_runs
         if engine.kv_events:
             engine = dataclasses.replace(engine, kv_events=False)  # nobody subscribes in a simulation
-        self.engines = [Engine(engine) for _ in range(servers)]
-        self._runs = [DecodeRuns(e) for e in self.engines]
-        self._plans: list[DecodePlan | None] = [None] * servers
+        kind = SteppedEngine if stepped else CohortEngine
+        self.engines: list[SteppedEngine | CohortEngine] = [kind(engine) for _ in range(servers)]
         self.policy = policy
         self.scrape_interval = scrape_interval
         self.output_plan = output_plan
         self.lora_ids = lora_ids if lora_ids is not None else {}
+        track_loras = bool(self.lora_ids) and engine.max_loras > 0  # only a LoRA workload needs them
+        for e in self.engines:
+            e.track_loras = track_loras
         self.views = [
             ServerView(i, f"s{i}", 0, 0, 0, 0.0, cached_tokens=self._cached_tokens_fn(i))
             for i in range(servers)
         ]
         self._scraped_epoch = -1
         self._scrapes = 0
-        self._busy_until = [0.0] * servers  # end of the step in progress; <= now when idle
-        self._stepping = [False] * servers
-        self._events: list[tuple[float, int, int, object]] = []
+        self._now = 0.0
+        self._version = [0] * servers  # the engine event in the queue that is current, per server
+        self._events: list[tuple[float, int, int, SimRequestSpec | tuple[int, int]]] = []
         self._seq = itertools.count()
         self._records: dict[str, RequestRecord] = {}
-        self._requests: dict[str, SimRequest] = {}
         self._hashed_tokens: Sequence[int] | None = None
         self._hashes: list[int] = []
 
@@ -125,6 +127,7 @@ class Fleet:
         bs = engine.config.block_size
 
         def cached(tokens: Sequence[int]) -> int:
+            engine.sync(self._now)
             lookup = engine.pool.cached
             n = 0
             for h in self._block_hashes(tokens):
@@ -136,8 +139,14 @@ class Fleet:
         return cached
 
     # The event queue.
-    def _push(self, time: float, kind: int, data: object) -> None:
+    def _push(self, time: float, kind: int, data: SimRequestSpec | tuple[int, int]) -> None:
         heapq.heappush(self._events, (time, next(self._seq), kind, data))
+
+    def _engine_event(self, server: int, time: float | None) -> None:
+        """The server's next event is now at `time` (any earlier one in the queue goes stale)."""
+        if time is not None:
+            self._version[server] += 1
+            self._push(time, _ENGINE, (server, self._version[server]))
 
     def _scrape(self, now: float) -> None:
         epoch = math.floor(now / self.scrape_interval) if self.scrape_interval > 0 else -2
@@ -146,85 +155,56 @@ class Fleet:
         self._scraped_epoch = epoch
         self._scrapes += 1
         for view, engine in zip(self.views, self.engines, strict=True):
+            m = engine.observe(now)
             view.epoch = self._scrapes
-            view.waiting = engine.num_waiting
-            view.running = engine.num_running
-            view.kv_usage = engine.kv_usage
-            if self.lora_ids and engine.config.max_loras:  # only a LoRA workload needs them
-                view.active_models = frozenset(engine.running_loras())
-                view.waiting_models = frozenset(engine.waiting_loras())
+            view.waiting = m.waiting
+            view.running = m.running
+            view.kv_usage = m.kv_usage
+            if engine.track_loras:
+                view.active_models = m.running_loras
+                view.waiting_models = m.waiting_loras
                 view.max_models = engine.config.max_loras
 
     def _arrive(self, spec: SimRequestSpec, now: float) -> None:
-        self._scrape(now)
+        if getattr(self.policy, "reads_metrics", True):
+            self._scrape(now)
         server = self.policy.route(spec, self.views, now)
         record = RequestRecord(spec, server, now)
         self._records[spec.request_id] = record
         lora = spec.model if spec.model in self.lora_ids else None
-        plan = list(self.output_plan(spec)) if self.output_plan is not None else [1]
-        req = SimRequest(
-            spec.request_id,
-            list(spec.tokens),
-            spec.output_tokens,
-            arrival_time=now,
-            lora=lora,
-            lora_id=self.lora_ids.get(lora) if lora else None,
-            output_plan=plan or [1],
-        )
+        plan = self.output_plan(spec) if self.output_plan is not None else (1,)
         try:
-            self.engines[server].add_request(req)
+            req = SimRequest(
+                spec.request_id,
+                spec.tokens,
+                spec.output_tokens,
+                arrival_time=now,
+                lora=lora,
+                lora_id=self.lora_ids.get(lora) if lora else None,
+                output_plan=plan or (1,),
+            )
+            next_event = self.engines[server].submit(req, now)
         except ValueError as e:
             record.failed = str(e)
             record.finish = now
             self.policy.finished(spec, server, now)
             return
-        self._requests[spec.request_id] = req
         self.views[server].in_flight += 1
-        run = self._plans[server]
-        if run is not None:
-            # Mid-run: the steps started by now complete; the newcomer joins at the next boundary.
-            self._plans[server] = None
-            steps = run.steps_started_by(now)
-            for done in self._runs[server].apply(run, steps):
-                self._push(done.finish_time or now, _FINISH, done.request_id)
-            boundary = run.ends[steps - 1]
-            self._busy_until[server] = boundary
-            self._push(boundary, _STEP, server)
-        elif not self._stepping[server]:
-            self._stepping[server] = True
-            self._push(max(now, self._busy_until[server]), _STEP, server)
+        self._engine_event(server, next_event)
 
-    def _run_end(self, server: int, plan: DecodePlan, now: float) -> None:
-        if self._plans[server] is not plan:
-            return  # cut short by an arrival, which already applied its steps
-        self._plans[server] = None
-        for done in self._runs[server].apply(plan, plan.steps):
-            self._push(now, _FINISH, done.request_id)
-        self._step(server, now)
-
-    def _step(self, server: int, now: float) -> None:
-        engine = self.engines[server]
-        plan = self._runs[server].plan(now) if self.decode_runs else None
-        if plan is not None:
-            self._plans[server] = plan
-            self._busy_until[server] = plan.end
-            self._push(plan.end, _RUN_END, (server, plan))
-            return
-        result = engine.step(now)
-        if result.num_scheduled == 0:
-            self._stepping[server] = False
-            return
-        end = result.end
-        self._busy_until[server] = end
-        for out in result.outputs:
-            req = out.request
-            if req.num_output_tokens == 1:
-                record = self._records[req.request_id]
-                record.first_token = end
-                record.cached_tokens = max(req.num_cached_tokens, 0)
-            if out.finished:
-                self._push(end, _FINISH, req.request_id)
-        self._push(end, _STEP, server)
+    def _engine_due(self, server: int, now: float) -> None:
+        finished, next_event = self.engines[server].advance(now)
+        self._engine_event(server, next_event)
+        view = self.views[server]
+        for req in finished:
+            record = self._records[req.request_id]
+            record.finish = now
+            record.first_token = req.first_token_time
+            record.cached_tokens = max(req.num_cached_tokens, 0)
+            record.output_tokens = req.num_output_tokens
+            view.in_flight -= 1
+            self.policy.finished(record.spec, server, now)
+            self._done(record.spec, now)
 
     def run(self, specs: Iterable[SimRequestSpec], arrivals: Arrivals, rng: random.Random) -> FleetResult:
         """Simulate until every request has finished or failed."""
@@ -243,29 +223,23 @@ class Fleet:
             self._refill(0.0)
         clock = 0.0
         events = self._events
+        version = self._version
+        poisson = isinstance(arrivals, Poisson)
         while events:
             clock, _, kind, data = heapq.heappop(events)
-            if kind == _STEP:
-                self._step(data, clock)  # type: ignore[arg-type]
-            elif kind == _RUN_END:
+            self._now = clock
+            if kind == _ENGINE:
                 assert isinstance(data, tuple)
-                self._run_end(data[0], data[1], clock)
-            elif kind == _ARRIVE:
+                server, v = data
+                if v == version[server]:
+                    self._engine_due(server, clock)
+            else:
                 assert isinstance(data, SimRequestSpec)
                 self._arrive(data, clock)
-                if isinstance(arrivals, Poisson) and data.after is None:
+                if poisson and data.after is None:
                     self._schedule_next_first(clock)
                 if self._records[data.request_id].failed is not None:
                     self._done(data, clock)
-            else:
-                assert isinstance(data, str)
-                req = self._requests.pop(data)
-                record = self._records[data]
-                record.finish = clock
-                record.output_tokens = req.num_output_tokens
-                self.views[record.server].in_flight -= 1
-                self.policy.finished(record.spec, record.server, clock)
-                self._done(record.spec, clock)
         # A later turn whose earlier turn never finished cannot run: it counts as failed.
         for waiting in self._followers.values():
             for spec in waiting:

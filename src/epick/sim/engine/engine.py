@@ -182,15 +182,14 @@ class Engine:
                 kv.cache_full_blocks(req, computed)
             if computed < req.num_tokens:
                 continue  # a prefill chunk: no token yet
-            outs = req.output_token_ids
             plan = req.output_plan
-            token = plan[len(outs) % len(plan)]
-            outs.append(token)
+            token = plan[req.num_output_tokens % len(plan)]
+            req.num_output_tokens += 1
             req.num_tokens += 1
             if req.first_token_time is None:
                 req.first_token_time = end
             req.last_token_time = end
-            done = len(outs) >= req.max_tokens
+            done = req.num_output_tokens >= req.max_tokens
             if done:
                 req.status = RequestStatus.FINISHED
                 req.finish_reason = FinishReason.LENGTH

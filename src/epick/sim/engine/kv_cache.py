@@ -30,10 +30,16 @@ class KVCacheManager:
     def _extend_hashes(self, req: SimRequest, upto_tokens: int) -> None:
         bs = self.block_size
         hashes = req.block_hashes
+        prompt = req.prompt_token_ids
+        in_prompt = len(prompt)
+        lora_id = req.lora_id
+        parent = hashes[-1] if hashes else None
         while (len(hashes) + 1) * bs <= upto_tokens:
-            i = len(hashes)
-            parent = hashes[-1] if hashes else None
-            hashes.append(block_hash(parent, tuple(req.tokens(i * bs, (i + 1) * bs)), req.lora_id))
+            start = len(hashes) * bs
+            end = start + bs
+            block = prompt[start:end] if end <= in_prompt else req.tokens(start, end)
+            parent = block_hash(parent, tuple(block), lora_id)
+            hashes.append(parent)
 
     def computed_blocks(self, req: SimRequest) -> list[int]:
         """The cached blocks that hold a prefix of this request's tokens (none when caching is off)."""

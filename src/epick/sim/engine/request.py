@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -22,7 +23,7 @@ class FinishReason(enum.Enum):
 @dataclass(slots=True, eq=False)
 class SimRequest:
     request_id: str
-    prompt_token_ids: list[int]
+    prompt_token_ids: Sequence[int]
     max_tokens: int
     arrival_time: float = 0.0
     lora: str | None = None
@@ -30,9 +31,10 @@ class SimRequest:
     # The prompt's KV arrives from a prefill server: its tokens cost transfer time, not prefill.
     remote_prefill: bool = False
     # Token ids to emit, in order (the server decides the text); past its end the engine repeats it.
-    output_plan: list[int] = field(default_factory=lambda: [0])
+    # Output token i is output_plan[i % len(output_plan)], so outputs are a count, not a list.
+    output_plan: Sequence[int] = (0,)
 
-    output_token_ids: list[int] = field(default_factory=list)
+    num_output_tokens: int = 0
     num_tokens: int = 0  # prompt + output so far (kept, not computed: it is read on every step)
     num_prompt: int = 0  # len(prompt_token_ids), kept for the same reason
     status: RequestStatus = RequestStatus.WAITING
@@ -42,6 +44,10 @@ class SimRequest:
     num_registered_blocks: int = 0  # leading blocks already offered to the prefix cache
     num_cached_tokens: int = -1  # prefix-cache hit at first admission; -1 until admitted
     num_preemptions: int = 0
+    admitted_seq: int = 0  # order of (re)admission: the running order, for preemption and frees
+    # In a decode cohort (epick.sim.engine.cohort): the step from which the counters above are
+    # stale; -1 when they are up to date.
+    cohort_step: int = -1
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -53,29 +59,37 @@ class SimRequest:
         return self.num_prompt
 
     @property
-    def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
+    def output_token_ids(self) -> list[int]:
+        return self.tokens(self.num_prompt, self.num_tokens)
 
     def __post_init__(self) -> None:
+        if not self.output_plan:
+            raise ValueError("output_plan must not be empty")
         self.num_prompt = len(self.prompt_token_ids)
-        self.num_tokens = self.num_prompt + len(self.output_token_ids)
-
-    def append_output(self, token: int) -> None:
-        self.output_token_ids.append(token)
-        self.num_tokens += 1
+        self.num_tokens = self.num_prompt + self.num_output_tokens
 
     def token(self, i: int) -> int:
-        n = len(self.prompt_token_ids)
-        return self.prompt_token_ids[i] if i < n else self.output_token_ids[i - n]
+        n = self.num_prompt
+        if i < n:
+            return self.prompt_token_ids[i]
+        plan = self.output_plan
+        return plan[(i - n) % len(plan)]
 
     def tokens(self, start: int, end: int) -> list[int]:
-        n = len(self.prompt_token_ids)
+        """Token ids start..end-1 of prompt + outputs."""
+        n = self.num_prompt
         if end <= n:
-            return self.prompt_token_ids[start:end]
-        if start >= n:
-            return self.output_token_ids[start - n : end - n]
-        return self.prompt_token_ids[start:] + self.output_token_ids[: end - n]
+            return list(self.prompt_token_ids[start:end])
+        plan = self.output_plan
+        size = len(plan)
+        out = list(self.prompt_token_ids[start:n]) if start < n else []
+        lo, hi = max(start, n) - n, end - n
+        if size == 1:
+            out.extend([plan[0]] * (hi - lo))
+        else:
+            out.extend(plan[i % size] for i in range(lo, hi))
+        return out
 
     def next_output_token(self) -> int:
         plan = self.output_plan
-        return plan[len(self.output_token_ids) % len(plan)]
+        return plan[self.num_output_tokens % len(plan)]

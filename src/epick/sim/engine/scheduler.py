@@ -53,6 +53,7 @@ class StepScheduler:
         # Prefix-cache statistics in tokens, as vLLM counts them at admission.
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self.admissions = 0
 
     def running_loras(self) -> set[str]:
         return {r.lora for r in self.running if r.lora is not None}
@@ -121,6 +122,8 @@ class StepScheduler:
                 self.prefix_hits += num_cached
             req.num_computed_tokens = num_cached
             req.status = RequestStatus.RUNNING
+            self.admissions += 1
+            req.admitted_seq = self.admissions
             self.running.append(req)
             out.admitted.append(req)
             out.work.append(ScheduledWork(req, num_new, transfer))

@@ -1,0 +1,415 @@
+"""The engine for virtual-time fleets: decoding requests kept as one cohort, decode steps taken in runs.
+
+Results equal `SteppedEngine`'s (one `Engine.step` per event; tests/sim/test_cohort.py compares
+them on random workloads), at a cost per request instead of per request per step.
+
+Most of a busy engine's steps are pure decode: every running request is past its prompt and needs
+one token, and nothing waiting can be admitted. The decoding requests form a cohort described by
+sums that do not change from step to step:
+
+- `n` members; a member that joined before step s0 with T0 tokens has T0 + (s - s0) at step s, so
+  the context the step attends is A + n·s with A = Σ (T0 − s0), and its duration is linear in s;
+- a member needs a new KV block at the steps s ≡ (1 − (T0 − s0)) mod block_size: counts per phase
+  give the blocks any range of steps takes;
+- a heap of the steps at which members finish.
+
+A run of decode-only steps, up to the next finish, is then planned in O(block_size) and touches no
+member; an arrival cuts it at the step in progress. Blocks the run takes are popped from the pool
+lazily (before anything reads the pool), into a spare list from which each member collects its own
+when it finishes; new blocks carry no hash, so which member holds which one is invisible.
+
+Steps with prefill work or admissions are taken one at a time, with the cohort still summed up.
+A step the sums cannot express (the KV cache cannot give every running request its blocks, so the
+reference preempts; or the token budget cannot cover every running request) dissolves the cohort
+and runs `Engine.step` itself, then rebuilds the cohort.
+
+One difference, invisible to requests: full blocks of generated tokens are offered to the prefix
+cache when their request finishes rather than as they fill (no other request can contain them
+before then).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+from epick.sim.engine.engine import Engine, EngineConfig
+from epick.sim.engine.request import FinishReason, RequestStatus, SimRequest
+from epick.sim.engine.scheduler import ScheduledWork, SchedulerOutput
+from epick.sim.engine.timed import EngineMetrics
+
+
+class CohortEngine(Engine):
+    track_loras = False
+
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        super().__init__(config)
+        bs = self.config.block_size
+        self.step_index = 0  # steps taken (or started, during a run): the index of the next one
+        # The cohort.
+        self._n = 0
+        self._context = 0  # A = Σ (T0 − s0)
+        self._phase = [0] * bs  # members needing a block at steps ≡ i (mod block size)
+        self._finishes: list[tuple[int, int, SimRequest]] = []  # (finish step, admitted_seq, request)
+        self._spare: list[int] = []  # blocks popped for members, not yet collected
+        self._synced = 0  # blocks of cohort steps before this one have been popped
+        # Running requests outside the cohort (prefilling), in running order.
+        self._prefilling: list[SimRequest] = []
+        # The step or run in progress: first step, length, start time, duration of step i = α + β·i.
+        self._busy = False
+        self._first = 0
+        self._steps = 0
+        self._start_time = 0.0
+        self._alpha = 0.0
+        self._beta = 0.0
+        self._finishing: list[SimRequest] = []  # requests the step in progress finishes
+        self._published = EngineMetrics(0, 0, 0.0)
+        self._used_before = 0  # blocks in use when the run started (for observe)
+        # How the steps were taken (for tests and benchmarks).
+        self.runs = 0
+        self.runs_cut = 0
+        self.reference_steps = 0
+
+    # The cohort's sums.
+    def _join(self, req: SimRequest, step: int) -> None:
+        req.cohort_step = step
+        c = req.num_tokens - step
+        self._n += 1
+        self._context += c
+        self._phase[(1 - c) % len(self._phase)] += 1
+        finish = step + req.max_tokens - req.num_output_tokens - 1
+        heapq.heappush(self._finishes, (finish, req.admitted_seq, req))
+
+    def _catch_up(self, req: SimRequest, step: int) -> None:
+        """Bring a member's counters and blocks to `step` (steps before it done) and take it out of
+        the sums (its heap entry is the caller's to drop). Needs the pool synced to `step`."""
+        k = step - req.cohort_step
+        c = req.num_tokens - req.cohort_step
+        self._n -= 1
+        self._context -= c
+        self._phase[(1 - c) % len(self._phase)] -= 1
+        req.cohort_step = -1
+        req.num_tokens += k
+        req.num_output_tokens += k
+        computed = req.num_tokens - 1
+        req.num_computed_tokens = computed
+        owed = -(-computed // self.config.block_size) - len(req.block_ids)
+        if owed > 0:
+            spare = self._spare
+            req.block_ids.extend(spare[-owed:])
+            del spare[-owed:]
+
+    def _blocks(self, start: int, steps: int) -> int:
+        """New blocks the cohort takes in steps start … start+steps−1."""
+        if steps <= 0 or not self._n:
+            return 0
+        bs = len(self._phase)
+        cycles, rest = divmod(steps, bs)
+        total = cycles * self._n
+        phase = self._phase
+        for j in range(start, start + rest):
+            total += phase[j % bs]
+        return total
+
+    def _fit(self, start: int, free: int) -> int:
+        """The most steps from `start` whose blocks `free` blocks cover."""
+        n = self._n
+        if not n:
+            return 1 << 62
+        bs = len(self._phase)
+        cycles, left = divmod(free, n)
+        steps = cycles * bs
+        phase = self._phase
+        for j in range(start + steps, start + steps + bs):
+            left -= phase[j % bs]
+            if left < 0:
+                break
+            steps += 1
+        return steps
+
+    def _sync_to(self, step: int) -> None:
+        if step > self._synced:
+            blocks = self._blocks(self._synced, step - self._synced)
+            self._synced = step
+            if blocks:
+                self._spare.extend(self.pool.allocate(blocks))
+
+    # Time within the step or run in progress.
+    def _end_of(self, steps: int) -> float:
+        return self._start_time + steps * self._alpha + self._beta * (steps * (steps - 1) / 2)
+
+    def _ended_by(self, now: float) -> int:
+        """Steps of the run in progress that have ended by `now` (a step ending at `now` included)."""
+        t = now - self._start_time
+        alpha, beta = self._alpha, self._beta
+        if t < alpha:
+            return 0
+        if beta > 0.0:
+            b = alpha - beta / 2
+            j = int((-b + math.sqrt(b * b + 2 * beta * t)) / beta)
+        else:
+            j = int(t / alpha)
+        j = min(j, self._steps)
+        while j < self._steps and self._end_of(j + 1) <= now:
+            j += 1
+        while j > 0 and self._end_of(j) > now:
+            j -= 1
+        return j
+
+    def abort(self, request_id: str, now: float = 0.0) -> bool:
+        raise NotImplementedError("a CohortEngine does not abort requests (a SteppedEngine does)")
+
+    # The event interface (epick.sim.engine.timed).
+    def submit(self, req: SimRequest, now: float) -> float | None:
+        self.add_request(req)
+        if not self._busy:
+            return self._start(now)
+        if self._steps > 1:
+            # A run: it stops after the step in progress; the newcomer joins at the next step.
+            steps = min(self._ended_by(now) + 1, self._steps)
+            if steps < self._steps:
+                self.runs_cut += 1
+                self._steps = steps
+                return self._end_of(steps)
+        return None
+
+    def advance(self, now: float) -> tuple[list[SimRequest], float | None]:
+        finished = self._finishing
+        self._finishing = []
+        if self._steps > 0:  # the run (decode steps only) ends
+            first, steps = self._first, self._steps
+            self.step_index = end = first + steps
+            self.busy_time += now - self._start_time
+            self.steps += steps
+            self._sync_to(end)
+            finishes = self._finishes
+            done = []
+            while finishes and finishes[0][0] < end:
+                req = heapq.heappop(finishes)[2]
+                self._catch_up(req, end)
+                done.append(req)
+            if done:
+                self._finish(done, now)
+                finished = done
+        return finished, self._start(now)
+
+    def observe(self, now: float) -> EngineMetrics:
+        if not self._busy:
+            return self._metrics()
+        if self._steps > 0:
+            ended = self._ended_by(now)
+            if ended:
+                used = self._used_before + self._blocks(self._first, ended)
+                p = self._published
+                return EngineMetrics(
+                    p.waiting, p.running, used / self.pool.num_blocks, p.running_loras, p.waiting_loras
+                )
+        return self._published
+
+    def sync(self, now: float) -> None:
+        if self._busy and self._steps > 0:
+            self._sync_to(self._first + min(self._ended_by(now) + 1, self._steps))
+
+    def _metrics(self) -> EngineMetrics:
+        waiting, running = len(self.scheduler.waiting), len(self.scheduler.running)
+        pool = self.pool
+        usage = 1.0 - (pool.num_free - self._blocks(self._synced, self.step_index - self._synced)) / (
+            pool.num_blocks
+        )
+        if not self.track_loras:
+            return EngineMetrics(waiting, running, usage)
+        return EngineMetrics(
+            waiting, running, usage, frozenset(self.running_loras()), frozenset(self.waiting_loras())
+        )
+
+    # Steps.
+    def _start(self, now: float) -> float | None:
+        """Start the next step (or run) at `now`; the time it ends, or None when there is no work."""
+        sched = self.scheduler
+        self._steps = 0
+        if not sched.running and not sched.waiting:
+            self._busy = False
+            return None
+        self._published = self._metrics()
+        self._sync_to(self.step_index)
+        end = self._step_with_cohort(now)
+        if end is None:
+            end = self._reference_step(now)
+        self._busy = end is not None
+        return end
+
+    def _step_with_cohort(self, now: float) -> float | None:
+        """One step (or a run), the cohort kept summed; None when the reference must take the step."""
+        chunks = self._chunks()
+        if chunks is None:
+            return None
+        budget = self.config.max_num_batched_tokens - self._n - sum(chunks)
+        out = SchedulerOutput()
+        for req, take in zip(self._prefilling, chunks, strict=True):
+            self.kv.allocate(req, take)
+            out.work.append(ScheduledWork(req, take))
+        self._sync_to(self.step_index + 1)
+        if self.scheduler.waiting and budget > 0:
+            self.scheduler._admit(out, budget)
+        if out.work:
+            return self._mixed_step(now, out)
+        return self._run(now) if self._n else None
+
+    def _chunks(self) -> list[int] | None:
+        """Tokens for each prefilling request this step, the cohort's members taking one each; None
+        when the reference must schedule (the budget runs out before a later running request, or the
+        KV cache cannot give every running request its blocks)."""
+        config = self.config
+        bs = config.block_size
+        n = self._n
+        budget = config.max_num_batched_tokens - n
+        if budget < 0:
+            return None
+        blocks = self._phase[self.step_index % bs] if n else 0
+        running = self.scheduler.running
+        last = running[-1] if running else None
+        chunks = []
+        for req in self._prefilling:
+            need = req.num_tokens - req.num_computed_tokens
+            if (need > budget and req is not last) or budget <= 0:
+                return None
+            take = min(need, budget)
+            budget -= take
+            chunks.append(take)
+            more = -(-(req.num_computed_tokens + take) // bs) - len(req.block_ids)
+            if more > 0:
+                blocks += more
+        if blocks > self.pool.num_free:
+            return None
+        return chunks
+
+    def _mixed_step(self, now: float, out: SchedulerOutput) -> float:
+        """A step with prefill work or admissions beside the cohort's decodes."""
+        s = self.step_index
+        n = self._n
+        prefill_tokens = decode_seqs = transfer_tokens = 0
+        context = self._context + n * s
+        for w in out.work:
+            req = w.request
+            computed = req.num_computed_tokens
+            take = w.num_new_tokens
+            if w.transfer:
+                transfer_tokens += take
+            elif take == 1 and computed >= req.num_prompt:
+                decode_seqs += 1
+            else:
+                prefill_tokens += take
+            context += computed + take
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = now
+        duration = self.config.cost.step_time(
+            prefill_tokens, decode_seqs + n, context, transfer_tokens, out.lora_loads
+        )
+        end = now + duration
+        self.busy_time += duration
+        self.steps += 1
+        self.step_index = s + 1
+        done = self._progress(out, end)
+        finishes = self._finishes
+        while finishes and finishes[0][0] <= s:
+            req = heapq.heappop(finishes)[2]
+            self._catch_up(req, s + 1)
+            done.append(req)
+        if done:
+            done.sort(key=_running_order)
+            self._finish(done, end)
+        self._finishing = done
+        self._start_time = now
+        return end
+
+    def _progress(self, out: SchedulerOutput, end: float) -> list[SimRequest]:
+        """Prefill progress and first tokens of a step's work; the requests it finishes. Those now
+        decoding join the cohort."""
+        kv = self.kv
+        bs = self.config.block_size
+        caching = kv.enable_prefix_caching
+        join_at = self.step_index
+        done = []
+        prefilling = []
+        for w in out.work:
+            req = w.request
+            computed = req.num_computed_tokens + w.num_new_tokens
+            req.num_computed_tokens = computed
+            if caching and computed // bs > req.num_registered_blocks:
+                kv.cache_full_blocks(req, computed)
+            if computed < req.num_tokens:
+                prefilling.append(req)
+                continue
+            req.num_output_tokens += 1
+            req.num_tokens += 1
+            if req.first_token_time is None:
+                req.first_token_time = end
+            req.last_token_time = end
+            if req.num_output_tokens >= req.max_tokens:
+                done.append(req)
+            else:
+                self._join(req, join_at)
+        self._prefilling = prefilling
+        return done
+
+    def _run(self, now: float) -> float | None:
+        """Decode-only steps from now to the next finish (or as far as the free blocks go)."""
+        s = self.step_index
+        n = self._n
+        # Step s's blocks are popped already; the steps after it take theirs from what is free.
+        steps = min(self._finishes[0][0] - s + 1, 1 + self._fit(s + 1, self.pool.num_free))
+        cost = self.config.cost
+        self.runs += 1
+        self._first = s
+        self._steps = steps
+        self._start_time = now
+        self._beta = cost.context_token_s * n
+        self._alpha = cost.overhead_s + cost.decode_seq_s * n + cost.context_token_s * (self._context + n * s)
+        self._used_before = self.pool.num_blocks - self.pool.num_free - self._blocks(s, 1)
+        return self._end_of(steps)
+
+    def _finish(self, done: list[SimRequest], end: float) -> None:
+        """Release finished requests, in running order (the order their blocks rejoin the free queue)."""
+        kv = self.kv
+        bs = self.config.block_size
+        gone = set()
+        for req in done:
+            computed = req.num_computed_tokens
+            if kv.enable_prefix_caching and computed // bs > req.num_registered_blocks:
+                kv.cache_full_blocks(req, computed)
+            req.status = RequestStatus.FINISHED
+            req.finish_reason = FinishReason.LENGTH
+            req.finish_time = end
+            req.last_token_time = end
+            kv.free(req)
+            self.requests.pop(req.request_id, None)
+            gone.add(id(req))
+        sched = self.scheduler
+        sched.running = [r for r in sched.running if id(r) not in gone]
+
+    def _reference_step(self, now: float) -> float | None:
+        """Dissolve the cohort, take one `Engine.step`, and sum the decoding requests up again."""
+        s = self.step_index
+        for _, _, req in self._finishes:
+            self._catch_up(req, s)
+        self._finishes = []
+        self._prefilling = []
+        result = self.step(now)
+        if result.num_scheduled == 0:
+            return None
+        self.reference_steps += 1
+        self.step_index = s + 1
+        self._synced = s + 1
+        for req in self.scheduler.running:
+            computed = req.num_computed_tokens
+            if computed == req.num_tokens - 1 and computed >= req.num_prompt:
+                self._join(req, s + 1)
+            else:
+                self._prefilling.append(req)
+        self._finishing = [out.request for out in result.outputs if out.finished]
+        self._start_time = now
+        return result.end
+
+
+def _running_order(req: SimRequest) -> int:
+    return req.admitted_seq
