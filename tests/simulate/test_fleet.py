@@ -29,6 +29,7 @@ def shared_prefix(n: int, groups: int = 4, seed: int = 5) -> Iterator[SimRequest
 
 class FirstServer:
     name = "first"
+    reads_metrics = False
 
     def __init__(self) -> None:
         self.finished_ids: list[str] = []

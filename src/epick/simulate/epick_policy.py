@@ -20,7 +20,8 @@ from epick.plugins.pickers.max_score import MaxScorePicker
 from epick.plugins.pickers.random_picker import RandomPicker
 from epick.plugins.pickers.round_robin import RoundRobinPicker
 from epick.plugins.pickers.weighted_random import WeightedRandomPicker
-from epick.plugins.profile.deciders import AlwaysDisaggDecider
+from epick.plugins.prefix.scorer import PrefixCacheScorer
+from epick.plugins.profile.deciders import AlwaysDisaggDecider, PrefixBasedDecider
 from epick.plugins.profile.disagg import DisaggProfileHandler
 from epick.plugins.profile.shadow import ShadowProfileHandler
 from epick.plugins.profile.single import SingleProfileHandler
@@ -31,6 +32,7 @@ from epick.plugins.scorers.lora_affinity import LoraAffinityScorer
 from epick.plugins.scorers.queue import QueueScorer
 from epick.plugins.scorers.running_requests import RunningRequestsSizeScorer
 from epick.plugins.scorers.session_affinity import SessionAffinityScorer
+from epick.plugins.scorers.token_load import TokenLoadScorer
 from epick.simulate.types import ServerView, SimRequestSpec
 
 # In-tree plugins that never read the prompt text (the token-load scorer and the prefix-based decider
@@ -56,6 +58,25 @@ TEXT_BLIND = (
     WeightedRandomPicker,
 )
 
+# In-tree plugins that never read an endpoint's scraped metrics.
+METRICS_BLIND = (
+    ActiveRequestScorer,
+    AlwaysDisaggDecider,
+    DisaggProfileHandler,
+    LabelSelectorFilter,
+    MaxScorePicker,
+    PrefixBasedDecider,
+    PrefixCacheScorer,
+    RandomPicker,
+    RoleFilter,
+    RoundRobinPicker,
+    SessionAffinityScorer,
+    ShadowProfileHandler,
+    SingleProfileHandler,
+    TokenLoadScorer,
+    WeightedRandomPicker,
+)
+
 
 class EpickPolicy:
     def __init__(self, name: str, config: LoadedConfig) -> None:
@@ -63,14 +84,17 @@ class EpickPolicy:
         self.config = config
         # Most plugins never read the prompt; then the (costly) text is not built at all.
         self.needs_text = not all(isinstance(p, TEXT_BLIND) for p in config.plugins.values())
+        self.reads_metrics = not all(isinstance(p, METRICS_BLIND) for p in config.plugins.values())
         self._endpoints: tuple[Endpoint, ...] = ()
         self._snapshot_key: tuple[object, ...] = ()
         self._requests: dict[str, tuple[InferenceRequest, Endpoint]] = {}
         self.errors = 0
 
     def _candidates(self, servers: Sequence[ServerView]) -> tuple[Endpoint, ...]:
-        if servers and servers[0].epoch:
-            key: tuple[object, ...] = (servers[0].epoch, len(servers))  # the fleet says when they change
+        if not self.reads_metrics:
+            key: tuple[object, ...] = (len(servers),)  # metrics nobody reads need no refresh
+        elif servers and servers[0].epoch:
+            key = (servers[0].epoch, len(servers))  # the fleet says when they change
         else:
             key = tuple(
                 (v.waiting, v.running, v.kv_usage, v.active_models, v.waiting_models) for v in servers

@@ -166,7 +166,7 @@ class Fleet:
                 view.max_models = engine.config.max_loras
 
     def _arrive(self, spec: SimRequestSpec, now: float) -> None:
-        if getattr(self.policy, "reads_metrics", True):
+        if self.policy.reads_metrics:
             self._scrape(now)
         server = self.policy.route(spec, self.views, now)
         record = RequestRecord(spec, server, now)

@@ -49,6 +49,7 @@ class LeastRequest:
     """
 
     name = "least-request"
+    reads_metrics = False
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self._rng = rng if rng is not None else random.Random(0)
@@ -145,6 +146,7 @@ class SGLangCacheAware:
     """
 
     name = "sglang-cache-aware"
+    reads_metrics = False
 
     def __init__(
         self,
@@ -414,6 +416,7 @@ class PrefixRandom:
     """
 
     name = "prefix-random"
+    reads_metrics = False
 
     def __init__(
         self, rng: random.Random | None = None, *, chunk_chars: int = 128, min_match_chunks: int = 1
@@ -522,6 +525,7 @@ class OraclePrefix:
     """
 
     name = "oracle-prefix"
+    reads_metrics = True
 
     def __init__(self, rng: random.Random | None = None, *, load_weight: float = 1.0) -> None:
         if load_weight < 0:

@@ -9,7 +9,7 @@ from typing import Protocol
 from epick.simulate import vocab
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SimRequestSpec:
     """One request of a workload.
 
@@ -17,6 +17,9 @@ class SimRequestSpec:
     correspond word for word (`epick.simulate.vocab`), so equal text prefixes are equal token prefixes.
     Open-loop first requests arrive by the fleet's arrival process; a request with `after` waits for
     that request (the previous turn of its session) to finish, then `think_time` seconds.
+
+    Not frozen, only because a frozen dataclass takes three times as long to build (a fleet builds
+    millions); nothing changes a spec once made, except `prompt` filling in `text`.
     """
 
     request_id: str
@@ -34,8 +37,7 @@ class SimRequestSpec:
         """The prompt text; built from the tokens on first use when the workload left it out (many
         policies never read it, and building it is a good part of generating a request)."""
         if self.text is None:
-            object.__setattr__(self, "text", vocab.text(self.tokens))
-        assert self.text is not None
+            self.text = vocab.text(self.tokens)
         return self.text
 
 
@@ -61,6 +63,9 @@ class Policy(Protocol):
     """A routing policy: chooses a server for each request, hears when each finishes."""
 
     name: str
+    # Whether `route` reads the scraped fields of a ServerView (waiting, running, kv_usage, models);
+    # when it does not, the fleet skips scraping altogether.
+    reads_metrics: bool
 
     def route(self, request: SimRequestSpec, servers: Sequence[ServerView], now: float) -> int:
         """The index of the chosen server."""

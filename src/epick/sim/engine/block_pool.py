@@ -12,6 +12,7 @@ The queue starts as every block in id order. Blocks never used yet are its head 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -108,7 +109,12 @@ class BlockPool:
                 self.free[block_id] = None
 
     def cache_full_block(
-        self, block_id: int, block_hash: int, parent: int | None, token_ids: list[int], lora_id: int | None
+        self,
+        block_id: int,
+        block_hash: int,
+        parent: int | None,
+        token_ids: Sequence[int],  # for the BlockStored event (empty when events are off)
+        lora_id: int | None,
     ) -> None:
         if self.block_hash[block_id] is not None or block_hash in self.cached:
             return  # already cached (here or in an identical block)

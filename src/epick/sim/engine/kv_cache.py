@@ -101,7 +101,8 @@ class KVCacheManager:
             if pool.block_hash[block_id] == hashes[i]:
                 continue
             parent = hashes[i - 1] if i else None
-            pool.cache_full_block(block_id, hashes[i], parent, req.tokens(i * bs, (i + 1) * bs), req.lora_id)
+            tokens = req.tokens(i * bs, (i + 1) * bs) if pool.record_events else ()
+            pool.cache_full_block(block_id, hashes[i], parent, tokens, req.lora_id)
 
     def free(self, req: SimRequest) -> None:
         # Tail blocks first, so a request's later blocks are evicted before its prefix (as vLLM).
