@@ -63,8 +63,10 @@ class CohortEngine(Engine):
         self._alpha = 0.0
         self._beta = 0.0
         self._finishing: list[SimRequest] = []  # requests the step in progress finishes
-        self._published = EngineMetrics(0, 0, 0.0)
-        self._used_before = 0  # blocks in use when the run started (for observe)
+        # What the metrics were when the step in progress started: waiting, running, blocks in use
+        # (and the LoRA sets when tracked), for `observe`.
+        self._published: tuple[int, int, int] = (0, 0, 0)
+        self._published_loras: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
         # How the steps were taken (for tests and benchmarks).
         self.runs = 0
         self.runs_cut = 0
@@ -195,32 +197,23 @@ class CohortEngine(Engine):
 
     def observe(self, now: float) -> EngineMetrics:
         if not self._busy:
-            return self._metrics()
-        if self._steps > 0:
-            ended = self._ended_by(now)
-            if ended:
-                used = self._used_before + self._blocks(self._first, ended)
-                p = self._published
-                return EngineMetrics(
-                    p.waiting, p.running, used / self.pool.num_blocks, p.running_loras, p.waiting_loras
-                )
-        return self._published
+            self._publish()
+        waiting, running, used = self._published
+        if self._busy and self._steps > 0:
+            used += self._blocks(self._first, self._ended_by(now))  # steps of the run completed
+        return EngineMetrics(waiting, running, used / self.pool.num_blocks, *self._published_loras)
 
     def sync(self, now: float) -> None:
         if self._busy and self._steps > 0:
             self._sync_to(self._first + min(self._ended_by(now) + 1, self._steps))
 
-    def _metrics(self) -> EngineMetrics:
-        waiting, running = len(self.scheduler.waiting), len(self.scheduler.running)
+    def _publish(self) -> None:
+        """Take the metrics as they are between steps (the pool synced)."""
+        sched = self.scheduler
         pool = self.pool
-        usage = 1.0 - (pool.num_free - self._blocks(self._synced, self.step_index - self._synced)) / (
-            pool.num_blocks
-        )
-        if not self.track_loras:
-            return EngineMetrics(waiting, running, usage)
-        return EngineMetrics(
-            waiting, running, usage, frozenset(self.running_loras()), frozenset(self.waiting_loras())
-        )
+        self._published = (len(sched.waiting), len(sched.running), pool.num_blocks - pool.num_free)
+        if self.track_loras:
+            self._published_loras = (frozenset(sched.running_loras()), frozenset(self.waiting_loras()))
 
     # Steps.
     def _start(self, now: float) -> float | None:
@@ -230,8 +223,8 @@ class CohortEngine(Engine):
         if not sched.running and not sched.waiting:
             self._busy = False
             return None
-        self._published = self._metrics()
         self._sync_to(self.step_index)
+        self._publish()
         end = self._step_with_cohort(now)
         if end is None:
             end = self._reference_step(now)
@@ -365,14 +358,12 @@ class CohortEngine(Engine):
         self._start_time = now
         self._beta = cost.context_token_s * n
         self._alpha = cost.overhead_s + cost.decode_seq_s * n + cost.context_token_s * (self._context + n * s)
-        self._used_before = self.pool.num_blocks - self.pool.num_free - self._blocks(s, 1)
         return self._end_of(steps)
 
     def _finish(self, done: list[SimRequest], end: float) -> None:
         """Release finished requests, in running order (the order their blocks rejoin the free queue)."""
         kv = self.kv
         bs = self.config.block_size
-        gone = set()
         for req in done:
             computed = req.num_computed_tokens
             if kv.enable_prefix_caching and computed // bs > req.num_registered_blocks:
@@ -383,9 +374,13 @@ class CohortEngine(Engine):
             req.last_token_time = end
             kv.free(req)
             self.requests.pop(req.request_id, None)
-            gone.add(id(req))
-        sched = self.scheduler
-        sched.running = [r for r in sched.running if id(r) not in gone]
+        running = self.scheduler.running
+        if len(done) <= 4:
+            for req in done:
+                running.remove(req)  # SimRequest compares by identity
+        else:
+            gone = set(map(id, done))
+            self.scheduler.running = [r for r in running if id(r) not in gone]
 
     def _reference_step(self, now: float) -> float | None:
         """Dissolve the cohort, take one `Engine.step`, and sum the decoding requests up again."""

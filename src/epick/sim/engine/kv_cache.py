@@ -70,12 +70,16 @@ class KVCacheManager:
         total_tokens = req.num_computed_tokens + len(computed) * bs + num_new_tokens
         needed = -(-total_tokens // bs) - len(req.block_ids) - len(computed)
         # Cached blocks about to be touched are free now but will not be once touched.
-        reusable_free = sum(1 for b in computed if self.pool.ref_count[b] == 0)
-        if needed > self.pool.num_free - reusable_free:
+        if computed:
+            ref_count = self.pool.ref_count
+            reusable_free = sum(1 for b in computed if ref_count[b] == 0)
+            if needed > self.pool.num_free - reusable_free:
+                return False
+            for b in computed:
+                self.pool.touch(b)
+            req.block_ids.extend(computed)
+        elif needed > self.pool.num_free:
             return False
-        for b in computed:
-            self.pool.touch(b)
-        req.block_ids.extend(computed)
         if needed > 0:
             req.block_ids.extend(self.pool.allocate(needed))
         return True

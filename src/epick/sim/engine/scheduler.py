@@ -95,12 +95,15 @@ class StepScheduler:
 
     def _admit(self, out: SchedulerOutput, budget: int) -> int:
         skipped: list[SimRequest] = []
-        loras = self.running_loras()
+        loras: set[str] | None = None  # adapters running, found when a LoRA request first asks
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
-            if req.lora is not None and req.lora not in loras and len(loras) >= self.max_loras:
-                skipped.append(self.waiting.popleft())
-                continue
+            if req.lora is not None:
+                if loras is None:
+                    loras = self.running_loras()
+                if req.lora not in loras and len(loras) >= self.max_loras:
+                    skipped.append(self.waiting.popleft())
+                    continue
             computed = self.kv.computed_blocks(req)
             num_cached = len(computed) * self.kv.block_size
             remaining = req.num_tokens - num_cached
@@ -129,10 +132,11 @@ class StepScheduler:
             out.work.append(ScheduledWork(req, num_new, transfer))
             if not transfer:
                 budget -= num_new
-            if req.lora is not None and req.lora not in loras:
+            if req.lora is not None and loras is not None and req.lora not in loras:
                 loras.add(req.lora)
                 out.lora_loads += self._load_lora(req.lora)
-        self.waiting.extendleft(reversed(skipped))
+        if skipped:
+            self.waiting.extendleft(reversed(skipped))
         return budget
 
     def _load_lora(self, lora: str) -> int:
