@@ -145,7 +145,9 @@ class EpickPolicy:
         entry = self._requests.pop(request.request_id, None)
         if entry is None:
             return
-        req, endpoint = entry
-        response = Response(req.request_id, end_of_stream=True)
-        for hook in self.config.hooks.response_complete:
-            hook.response_complete(req, response, endpoint)
+        hooks = self.config.hooks.response_complete
+        if hooks:
+            req, endpoint = entry
+            response = Response(req.request_id, end_of_stream=True)
+            for hook in hooks:
+                hook.response_complete(req, response, endpoint)

@@ -80,22 +80,25 @@ class BlockPool:
             start = self._fresh
             self._fresh += fresh
             out = list(range(start, start + fresh))
-            for block_id in out:
-                self.ref_count[block_id] = 1
+            self.ref_count[start : start + fresh] = [1] * fresh
             if fresh == n:
                 return out
             n -= fresh
         else:
             out = []
         removed = []
+        pop = self.free.popitem
+        hashes = self.block_hash
+        cached = self.cached
+        ref_count = self.ref_count
         for _ in range(n):
-            block_id, _ = self.free.popitem(last=False)
-            old = self.block_hash[block_id]
+            block_id = pop(last=False)[0]
+            old = hashes[block_id]
             if old is not None:
-                del self.cached[old]
-                self.block_hash[block_id] = None
+                del cached[old]
+                hashes[block_id] = None
                 removed.append(old)
-            self.ref_count[block_id] = 1
+            ref_count[block_id] = 1
             out.append(block_id)
         if removed and self.record_events:
             self.events.append(BlockRemoved(removed))
@@ -103,10 +106,13 @@ class BlockPool:
 
     def release(self, block_ids: list[int]) -> None:
         """Drop one reference on each block, in order; blocks reaching 0 join the free queue's tail."""
+        ref_count = self.ref_count
+        free = self.free
         for block_id in block_ids:
-            self.ref_count[block_id] -= 1
-            if self.ref_count[block_id] == 0:
-                self.free[block_id] = None
+            left = ref_count[block_id] - 1
+            ref_count[block_id] = left
+            if not left:
+                free[block_id] = None
 
     def cache_full_block(
         self,

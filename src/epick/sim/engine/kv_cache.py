@@ -100,13 +100,24 @@ class KVCacheManager:
         start = req.num_registered_blocks
         if full > start:
             req.num_registered_blocks = full
+        block_ids = req.block_ids
+        if not pool.record_events:
+            # What BlockPool.cache_full_block does, inlined: this runs for every block of every prompt.
+            block_hash_of = pool.block_hash
+            cached = pool.cached
+            for i in range(start, full):
+                block_id = block_ids[i]
+                h = hashes[i]
+                if block_hash_of[block_id] is None and h not in cached:
+                    block_hash_of[block_id] = h
+                    cached[h] = block_id
+            return
         for i in range(start, full):
-            block_id = req.block_ids[i]
+            block_id = block_ids[i]
             if pool.block_hash[block_id] == hashes[i]:
                 continue
             parent = hashes[i - 1] if i else None
-            tokens = req.tokens(i * bs, (i + 1) * bs) if pool.record_events else ()
-            pool.cache_full_block(block_id, hashes[i], parent, tokens, req.lora_id)
+            pool.cache_full_block(block_id, hashes[i], parent, req.tokens(i * bs, (i + 1) * bs), req.lora_id)
 
     def free(self, req: SimRequest) -> None:
         # Tail blocks first, so a request's later blocks are evicted before its prefix (as vLLM).
