@@ -233,6 +233,16 @@ class CohortEngine(Engine):
 
     def _step_with_cohort(self, now: float) -> float | None:
         """One step (or a run), the cohort kept summed; None when the reference must take the step."""
+        if not self._prefilling and not self.scheduler.waiting:
+            # Only the cohort runs (most steps): a run, if the KV cache has this step's blocks.
+            n = self._n
+            step = self.step_index
+            if not n or n > self.config.max_num_batched_tokens:
+                return None
+            if self._phase[step % len(self._phase)] > self.pool.num_free:
+                return None  # the reference preempts
+            self._sync_to(step + 1)
+            return self._run(now)
         chunks = self._chunks()
         if chunks is None:
             return None
@@ -349,8 +359,12 @@ class CohortEngine(Engine):
         """Decode-only steps from now to the next finish (or as far as the free blocks go)."""
         s = self.step_index
         n = self._n
-        # Step s's blocks are popped already; the steps after it take theirs from what is free.
-        steps = min(self._finishes[0][0] - s + 1, 1 + self._fit(s + 1, self.pool.num_free))
+        # Step s's blocks are popped already; the steps after it take theirs from what is free. A
+        # member needs a block at most once per `block_size` steps: when that bound fits, all fit.
+        steps = self._finishes[0][0] - s + 1
+        free = self.pool.num_free
+        if n * -(-(steps - 1) // len(self._phase)) > free:
+            steps = min(steps, 1 + self._fit(s + 1, free))
         cost = self.config.cost
         self.runs += 1
         self._first = s
@@ -390,17 +404,19 @@ class CohortEngine(Engine):
         self._finishes = []
         self._prefilling = []
         result = self.step(now)
-        if result.num_scheduled == 0:
-            return None
-        self.reference_steps += 1
-        self.step_index = s + 1
-        self._synced = s + 1
+        took = result.num_scheduled > 0  # nothing could run: the engine stalls, as the reference does
+        if took:
+            self.reference_steps += 1
+            self.step_index = s + 1
+            self._synced = s + 1
         for req in self.scheduler.running:
             computed = req.num_computed_tokens
             if computed == req.num_tokens - 1 and computed >= req.num_prompt:
-                self._join(req, s + 1)
+                self._join(req, self.step_index)
             else:
                 self._prefilling.append(req)
+        if not took:
+            return None
         self._finishing = [out.request for out in result.outputs if out.finished]
         self._start_time = now
         return result.end
