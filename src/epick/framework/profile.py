@@ -37,6 +37,11 @@ class SchedulerProfile:
     picker: Picker
     filters: list[Filter] = field(default_factory=list)
     scorers: list[WeightedScorer] = field(default_factory=list)
+    # The weighted totals after each scorer in the last call, and the scores each scorer returned.
+    # Scorers that score a snapshot once return the same tuple for the next request on that snapshot
+    # (epick.plugins.scorers.snapshot_memo); while the leading scorers do, their sums are reused.
+    _sums: list[list[float]] = field(default_factory=list, init=False, repr=False, compare=False)
+    _sums_of: list[object] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def run(
         self,
@@ -112,7 +117,12 @@ class SchedulerProfile:
         timer: PluginTimer | None,
     ) -> list[float]:
         totals = [0.0] * len(endpoints)
-        for ws in self.scorers:
+        sums, sums_of = self._sums, self._sums_of
+        if len(sums) != len(self.scorers):
+            sums[:] = [totals] * len(self.scorers)
+            sums_of[:] = [None] * len(self.scorers)
+        reusing = trace is None
+        for i, ws in enumerate(self.scorers):
             start = time.perf_counter() if timer is not None else 0.0
             raw = ws.scorer.score(request, cycle_state, endpoints)
             if timer is not None:
@@ -126,11 +136,16 @@ class SchedulerProfile:
                 )
             weight = ws.weight
             if trace is None:
+                if reusing and raw is sums_of[i] and type(raw) is tuple:
+                    totals = sums[i]  # the same immutable scores after the same sums: the same sum
+                    continue
+                reusing = False
                 # Clamp to [0, 1] and weigh in one pass; NaN fails both comparisons and adds 0.
                 totals = [
                     t + (weight if s > 1.0 else (weight * s if s >= 0.0 else 0.0))
                     for t, s in zip(totals, raw, strict=True)
                 ]
+                sums[i], sums_of[i] = totals, raw
                 continue
             clamped = [1.0 if s > 1.0 else (s if s >= 0.0 else 0.0) for s in raw]
             totals = [t + weight * s for t, s in zip(totals, clamped, strict=True)]
@@ -144,4 +159,5 @@ class SchedulerProfile:
                 )
         if trace is not None:
             trace.totals = {ep.name: t for ep, t in zip(endpoints, totals, strict=True)}
-        return totals
+            return totals
+        return list(totals)  # the picker gets its own list: the one kept in `_sums` must not change

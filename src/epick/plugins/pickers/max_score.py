@@ -43,9 +43,10 @@ class MaxScorePicker(NamedPlugin):
         k = self.max_num_of_endpoints
         if k == 1:
             best = max(scores)
+            if scores.count(best) == 1:
+                return ProfileRunResult((endpoints[scores.index(best)],))
             ties = [i for i, s in enumerate(scores) if s == best]
-            pick = ties[self._rng.randrange(len(ties))] if len(ties) > 1 else ties[0]
-            return ProfileRunResult((endpoints[pick],))
+            return ProfileRunResult((endpoints[ties[self._rng.randrange(len(ties))]],))
         tiebreak = self._rng.random
         order = sorted(range(len(endpoints)), key=lambda i: (-scores[i], tiebreak()))
         return ProfileRunResult(tuple(endpoints[i] for i in order[:k]))

@@ -20,7 +20,7 @@ class KVCacheUtilizationScorer(NamedPlugin):
 
     def score(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
-    ) -> list[float]:
+    ) -> tuple[float, ...]:
         return self._memo.scores(endpoints, _by_free_cache)
 
 

@@ -21,7 +21,7 @@ class QueueScorer(NamedPlugin):
 
     def score(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
-    ) -> list[float]:
+    ) -> tuple[float, ...]:
         return self._memo.scores(endpoints, _by_queue)
 
 

@@ -21,7 +21,7 @@ class RunningRequestsSizeScorer(NamedPlugin):
 
     def score(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
-    ) -> list[float]:
+    ) -> tuple[float, ...]:
         return self._memo.scores(endpoints, _by_running)
 
 

@@ -4,7 +4,8 @@ The data layer hands out the same tuple of endpoints until a scrape changes one 
 metrics are immutable), so a scorer that reads nothing but metrics gives the same scores for every
 request between two scrapes. `SnapshotMemo` keeps the last tuple and its scores and returns them
 while the same tuple (by identity) comes back; a list of candidates or a new tuple is computed.
-The scores list is shared between calls: the scheduler reads scores and never changes them.
+Scores come back as a tuple: immutable, so the scheduler may in turn reuse what it derived from the
+very same tuple (`SchedulerProfile` reuses its weighted sums).
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ class SnapshotMemo:
 
     def __init__(self) -> None:
         self._endpoints: tuple[Endpoint, ...] | None = None
-        self._scores: list[float] = []
+        self._scores: tuple[float, ...] = ()
 
     def scores(
         self, endpoints: Sequence[Endpoint], compute: Callable[[Sequence[Endpoint]], list[float]]
-    ) -> list[float]:
+    ) -> tuple[float, ...]:
         if endpoints is self._endpoints:
             return self._scores
-        scores = compute(endpoints)
+        scores = tuple(compute(endpoints))
         if isinstance(endpoints, tuple):
             self._endpoints, self._scores = endpoints, scores
         return scores
