@@ -230,3 +230,48 @@ def test_single_profile_handler_result_and_trace() -> None:
     )
     assert trace.primary_profile == "default" and trace.targets == ["x"]
     assert list(result.profile_results) == ["default"]
+
+
+class FixedScores(NamedPlugin):
+    """A scorer returning whatever it is told to, the same object each time."""
+
+    def __init__(self, name: str, scores: Sequence[float]) -> None:
+        super().__init__(name)
+        self.scores = scores
+
+    def score(
+        self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> Sequence[float]:
+        return self.scores
+
+
+class MutatingPicker(NamedPlugin):
+    """Takes the highest total, then scribbles over the totals it was given."""
+
+    def pick(self, request: InferenceRequest, cycle_state: CycleState, scored: Sequence[object]) -> object:
+        from epick.framework import ProfileRunResult, split_scored
+
+        endpoints, totals = split_scored(scored)  # type: ignore[arg-type]
+        best = max(range(len(totals)), key=totals.__getitem__)
+        assert isinstance(totals, list)
+        totals[:] = [-1.0] * len(totals)
+        return ProfileRunResult((endpoints[best],))
+
+
+def test_weighted_sums_are_reused_only_for_the_same_immutable_scores() -> None:
+    eps = (make_endpoint("a"), make_endpoint("b"))
+    fixed = FixedScores("fixed", (0.9, 0.1))  # a tuple: the same object, so its sum is reused
+    changing = FixedScores("changing", [0.0, 1.0])  # a list, changed in place between calls
+    profile = make_profile(scorers=[(fixed, 1.0), (changing, 3.0)], picker=MutatingPicker("p"))
+    scheduler = make_scheduler(profile)
+    # a = 0.9 + 0; b = 0.1 + 3 -> b
+    assert names(scheduler.schedule(make_request(), eps).targets) == ["b"]
+    changing.scores[:] = [1.0, 0.0]  # a = 0.9 + 3; b = 0.1 -> a, though the list is the same object
+    assert names(scheduler.schedule(make_request(), eps).targets) == ["a"]
+    changing.scores = [0.0, 0.0]  # a = 0.9, b = 0.1: the picker's scribbles on the last totals are gone
+    assert names(scheduler.schedule(make_request(), eps).targets) == ["a"]
+    changing.scores = (0.0, 0.5)  # now both are tuples: a = 0.9, b = 1.6, twice, the second reused
+    assert names(scheduler.schedule(make_request(), eps).targets) == ["b"]
+    assert names(scheduler.schedule(make_request(), eps).targets) == ["b"]
+    fixed.scores = (0.0, 0.0)  # a new tuple first: nothing reused, b = 0.6 wins
+    assert names(scheduler.schedule(make_request(), eps).targets) == ["b"]
