@@ -61,10 +61,10 @@ def test_every_request_finishes_or_fails_and_is_reported_once() -> None:
     result = Fleet(2, ENGINE, policy).run(specs, Poisson(100.0), random.Random(0))
     assert len(result.records) == 31
     failed = [r for r in result.records if r.failed]
-    assert [r.spec.request_id for r in failed] == ["too-long"]
+    assert [r.request_id for r in failed] == ["too-long"]
     done = [r for r in result.records if not r.failed]
     assert all(r.finish is not None and r.first_token is not None and r.output_tokens == 8 for r in done)
-    assert sorted(policy.finished_ids) == sorted(r.spec.request_id for r in result.records)
+    assert sorted(policy.finished_ids) == sorted(r.request_id for r in result.records)
     assert result.requests_per_server == [31, 0]
 
 
@@ -88,7 +88,7 @@ def test_a_later_turn_waits_for_the_earlier_one_and_its_think_time() -> None:
     first = SimRequestSpec("t1", "a b c", (1, 2, 3), 4, session="s")
     second = SimRequestSpec("t2", "a b c d e", (1, 2, 3, 4, 5), 4, session="s", after="t1", think_time=2.5)
     result = Fleet(1, ENGINE, FirstServer()).run([first, second], Poisson(1.0), random.Random(0))
-    by_id = {r.spec.request_id: r for r in result.records}
+    by_id = {r.request_id: r for r in result.records}
     assert by_id["t1"].finish is not None
     assert by_id["t2"].arrival == pytest.approx(by_id["t1"].finish + 2.5)
 
@@ -127,8 +127,8 @@ def test_cohort_engines_change_nothing_but_speed(arrivals: Poisson | ClosedLoop)
         )  # tight: preemption, queues
         result = Fleet(3, engine, policy, stepped=stepped).run(specs, arrivals, random.Random(9))
         return [
-            (r.spec.request_id, r.server, r.arrival, r.first_token, r.finish, r.output_tokens)
-            for r in sorted(result.records, key=lambda r: r.spec.request_id)
+            (r.request_id, r.server, r.arrival, r.first_token, r.finish, r.output_tokens)
+            for r in sorted(result.records, key=lambda r: r.request_id)
         ]
 
     stepped, batched = run(True), run(False)

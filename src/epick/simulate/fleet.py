@@ -49,7 +49,9 @@ Arrivals = Poisson | ClosedLoop
 
 @dataclass(slots=True)
 class RequestRecord:
-    spec: SimRequestSpec
+    """What the report needs of one request (not its prompt: a million prompts would not fit)."""
+
+    request_id: str
     server: int
     arrival: float
     first_token: float | None = None
@@ -109,6 +111,7 @@ class Fleet:
         self._events: list[tuple[float, int, int, SimRequestSpec | tuple[int, int]]] = []
         self._seq = itertools.count()
         self._records: dict[str, RequestRecord] = {}
+        self._in_flight: dict[str, SimRequestSpec] = {}
         self._hashed_tokens: Sequence[int] | None = None
         self._hashes: list[int] = []
 
@@ -171,7 +174,7 @@ class Fleet:
         if self.policy.reads_metrics:
             self._scrape(now)
         server = self.policy.route(spec, self.views, now)
-        record = RequestRecord(spec, server, now)
+        record = RequestRecord(spec.request_id, server, now)
         self._records[spec.request_id] = record
         lora = spec.model if spec.model in self.lora_ids else None
         plan = self.output_plan(spec) if self.output_plan is not None else (1,)
@@ -192,6 +195,7 @@ class Fleet:
             self.policy.finished(spec, server, now)
             return
         self.views[server].in_flight += 1
+        self._in_flight[spec.request_id] = spec
         self._engine_event(server, next_event)
 
     def _engine_due(self, server: int, now: float) -> None:
@@ -205,8 +209,9 @@ class Fleet:
             record.cached_tokens = max(req.num_cached_tokens, 0)
             record.output_tokens = req.num_output_tokens
             view.in_flight -= 1
-            self.policy.finished(record.spec, server, now)
-            self._done(record.spec, now)
+            spec = self._in_flight.pop(req.request_id)
+            self.policy.finished(spec, server, now)
+            self._done(spec, now)
 
     def run(self, specs: Iterable[SimRequestSpec], arrivals: Arrivals, rng: random.Random) -> FleetResult:
         """Simulate until every request has finished or failed."""
@@ -238,7 +243,7 @@ class Fleet:
         for waiting in self._followers.values():
             for spec in waiting:
                 self._records[spec.request_id] = RequestRecord(
-                    spec, -1, clock, failed="an earlier turn never finished"
+                    spec.request_id, -1, clock, failed="an earlier turn never finished"
                 )
         return self._result(clock)
 
