@@ -117,6 +117,10 @@ class SchedulerProfile:
         timer: PluginTimer | None,
     ) -> list[float]:
         totals = [0.0] * len(endpoints)
+        if not self.scorers:
+            if trace is not None:
+                trace.totals = dict.fromkeys((ep.name for ep in endpoints), 0.0)
+            return totals
         sums, sums_of = self._sums, self._sums_of
         if len(sums) != len(self.scorers):
             sums[:] = [totals] * len(self.scorers)
