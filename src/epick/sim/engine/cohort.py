@@ -40,6 +40,9 @@ from epick.sim.engine.timed import EngineMetrics
 
 
 class CohortEngine(Engine):
+    """An `Engine` driven only through the event interface (`submit`, `advance`, `observe`, `sync`):
+    its own `step` runs only for the steps the cohort cannot express, and `abort` is refused."""
+
     track_loras = False
 
     def __init__(self, config: EngineConfig | None = None) -> None:
