@@ -31,6 +31,7 @@ before then).
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 
 from epick.sim.engine.engine import Engine, EngineConfig
@@ -53,6 +54,7 @@ class CohortEngine(Engine):
         self._n = 0
         self._context = 0  # A = Σ (T0 − s0)
         self._phase = [0] * bs  # members needing a block at steps ≡ i (mod block size)
+        self._cumulative: list[int] | None = None  # running sums of _phase over two cycles
         self._finishes: list[tuple[int, int, SimRequest]] = []  # (finish step, admitted_seq, request)
         self._spare: list[int] = []  # blocks popped for members, not yet collected
         self._synced = 0  # blocks of cohort steps before this one have been popped
@@ -82,6 +84,7 @@ class CohortEngine(Engine):
         self._n += 1
         self._context += c
         self._phase[(1 - c) % len(self._phase)] += 1
+        self._cumulative = None
         finish = step + req.max_tokens - req.num_output_tokens - 1
         heapq.heappush(self._finishes, (finish, req.admitted_seq, req))
 
@@ -93,6 +96,7 @@ class CohortEngine(Engine):
         self._n -= 1
         self._context -= c
         self._phase[(1 - c) % len(self._phase)] -= 1
+        self._cumulative = None
         req.cohort_step = -1
         req.num_tokens += k
         req.num_output_tokens += k
@@ -109,12 +113,12 @@ class CohortEngine(Engine):
         if steps <= 0 or not self._n:
             return 0
         bs = len(self._phase)
+        cumulative = self._cumulative
+        if cumulative is None:
+            cumulative = self._cumulative = list(itertools.accumulate(self._phase * 2, initial=0))
         cycles, rest = divmod(steps, bs)
-        total = cycles * self._n
-        phase = self._phase
-        for j in range(start, start + rest):
-            total += phase[j % bs]
-        return total
+        offset = start % bs
+        return cycles * self._n + cumulative[offset + rest] - cumulative[offset]
 
     def _fit(self, start: int, free: int) -> int:
         """The most steps from `start` whose blocks `free` blocks cover."""
