@@ -4,7 +4,8 @@ Both engines get the same requests at the same times; every request must get its
 finish at the same times with the same prefix hit, the engines must count the same steps, busy time
 and hits, leave the same prefix cache behind, and publish the same metrics whenever they are read.
 The workloads are small on purpose: tiny KV caches (eviction and preemption), small token budgets
-(chunked prefill, budgets running out), few sequence and LoRA slots, shared prefixes.
+(chunked prefill, budgets running out), few sequence and LoRA slots, shared prefixes, prompts
+whose KV is transferred from a prefill server.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class Arrival:
     max_tokens: int
     lora: str | None
     plan: tuple[int, ...]
+    remote_prefill: bool  # the prompt's KV arrives from a prefill server
 
 
 def random_case(seed: int) -> tuple[EngineConfig, list[Arrival]]:
@@ -55,7 +57,8 @@ def random_case(seed: int) -> tuple[EngineConfig, list[Arrival]]:
         if -(-(len(prompt) + max_tokens) // bs) > config.num_gpu_blocks:
             continue
         plan = tuple(rng.randrange(1000) for _ in range(rng.choice([1, 3])))
-        arrivals.append(Arrival(t, f"r{i}", prompt, max_tokens, rng.choice(loras), plan))
+        remote = rng.random() < 0.2
+        arrivals.append(Arrival(t, f"r{i}", prompt, max_tokens, rng.choice(loras), plan, remote))
     return config, arrivals
 
 
@@ -81,6 +84,7 @@ def drive(engine: TimedEngine, arrivals: list[Arrival], probes: list[float]) -> 
                 lora=data.lora,
                 lora_id=None if data.lora is None else ord(data.lora),
                 output_plan=data.plan,
+                remote_prefill=data.remote_prefill,
             )
             requests[req.request_id] = req
             at = engine.submit(req, now)

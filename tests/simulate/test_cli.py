@@ -68,6 +68,8 @@ def test_same_seed_same_numbers(tmp_path: Path) -> None:
         (["--policy", "nope"], "unknown --policy 'nope'"),
         (["--policy", "default", "--workload", "nope"], "nope"),
         (["--policy", "default", "--param", "groups"], "expected NAME=VALUE"),
+        (["--policy", "default", "--servers", "2", "--prefill-servers", "2"], "--prefill-servers must be"),
+        (["--policy", "default", "--servers", "0"], "--servers must be at least 1"),
     ],
 )
 def test_bad_input_is_named(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

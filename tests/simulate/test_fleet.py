@@ -135,3 +135,42 @@ def test_cohort_engines_change_nothing_but_speed(arrivals: Poisson | ClosedLoop)
     assert [r[:2] for r in stepped] == [r[:2] for r in batched]
     for a, b in zip(stepped, batched, strict=True):
         assert a[2:] == pytest.approx(b[2:], rel=1e-9, abs=1e-9)
+
+
+def test_disaggregated_requests_prefill_on_a_prefill_server_and_decode_on_a_decode_server() -> None:
+    # config/pd.yaml disaggregates when more than 256 prompt tokens are not cached on the decode
+    # server: 600-token prompts with nothing shared always are; 40-token prompts never.
+    rng = random.Random(4)
+    specs = []
+    for i in range(40):
+        tokens = tuple(rng.randrange(32000) for _ in range(600 if i % 2 else 40))
+        specs.append(SimRequestSpec(f"r{i}", text(tokens), tokens, 6))
+    policy = EpickPolicy("pd", load_config_file(CONFIGS / "pd.yaml", seed=2))
+    fleet = Fleet(3, ENGINE, policy, roles=["prefill", "decode", "decode"])
+    result = fleet.run(specs, Poisson(20.0), random.Random(2))
+    by_id = {r.request_id: r for r in result.records}
+    assert len(by_id) == 40 and all(r.failed is None and r.finish is not None for r in by_id.values())
+    for i in range(40):
+        r = by_id[f"r{i}"]
+        assert r.server in (1, 2), "decode never runs on the prefill server"
+        assert r.prefill_server == (0 if i % 2 else None)
+        assert r.output_tokens == 6
+    # The prefill server computed the long prompts (and one token each); the decode servers only
+    # received them, which costs less than computing them.
+    prefill, decode = fleet.engines[0], fleet.engines[1:]
+    assert prefill.scheduler.prefix_queries == 20 * 600
+    assert prefill.steps > 0 and all(e.steps > 0 for e in decode)
+    long = [by_id[f"r{i}"] for i in range(1, 40, 2)]
+    assert all(r.first_token is not None and r.first_token > r.arrival for r in long)
+    assert all(v.in_flight == 0 for v in fleet.views)
+
+
+def test_a_request_that_fits_the_prefill_server_but_not_the_decode_server_fails_clearly() -> None:
+    tokens = tuple(range(600))
+    spec = SimRequestSpec("big", text(tokens), tokens, 2000)  # 600 + 2,000 tokens: 163 blocks of 16
+    engine = EngineConfig(num_gpu_blocks=100, cost=CostModel())
+    policy = EpickPolicy("pd", load_config_file(CONFIGS / "pd.yaml", seed=2))
+    fleet = Fleet(2, engine, policy, roles=["prefill", "decode"])
+    (record,) = fleet.run([spec], Poisson(5.0), random.Random(1)).records
+    assert record.prefill_server == 0 and record.failed is not None and "KV blocks" in record.failed
+    assert all(v.in_flight == 0 for v in fleet.views)

@@ -10,7 +10,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +136,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--policy", action="append", default=[], help="a named policy (repeatable)")
     p.add_argument("--config", action="append", default=[], help="an EndpointPickerConfig to run as a policy")
     p.add_argument("--servers", type=int, default=8)
+    p.add_argument(
+        "--prefill-servers",
+        type=int,
+        default=0,
+        help="of the servers, how many have role prefill (the rest decode): for P/D configs",
+    )
     p.add_argument("--workload", default="shared-prefix")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="workload parameter")
     load = p.add_mutually_exclusive_group()
@@ -173,6 +179,18 @@ def run(args: argparse.Namespace) -> int:
         for issue in e.issues:
             print(issue.render(e.source), file=sys.stderr)
         return 2
+    if args.servers < 1:
+        print("epick simulate: --servers must be at least 1", file=sys.stderr)
+        return 2
+    if not 0 <= args.prefill_servers < args.servers:
+        print(
+            f"epick simulate: --prefill-servers must be between 0 and {args.servers - 1} (--servers - 1)",
+            file=sys.stderr,
+        )
+        return 2
+    roles: Sequence[str | None] | None = None
+    if args.prefill_servers:
+        roles = ["prefill"] * args.prefill_servers + ["decode"] * (args.servers - args.prefill_servers)
     engine = ServerOptions.engine_config(
         num_gpu_blocks=args.num_gpu_blocks, max_num_seqs=args.max_num_seqs, max_loras=args.max_loras
     )
@@ -200,6 +218,7 @@ def run(args: argparse.Namespace) -> int:
                     output_plan=output_plan,
                     lora_ids=lora_ids,
                     progress=_advance(progress, task),
+                    roles=roles,
                 )
                 started = time.perf_counter()
                 result = fleet.run(specs, arrivals, random.Random(args.seed + 1))

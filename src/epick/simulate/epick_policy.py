@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from epick.config import LoadedConfig
 from epick.framework import Endpoint, InferenceRequest, Metrics, RequestBody, Response, SchedulingError
+from epick.framework.endpoint import ROLE_LABEL
 from epick.framework.request import CHARS_PER_TOKEN
 from epick.plugins.filters.label_selector import LabelSelectorFilter
 from epick.plugins.filters.role import RoleFilter
@@ -33,6 +34,7 @@ from epick.plugins.scorers.queue import QueueScorer
 from epick.plugins.scorers.running_requests import RunningRequestsSizeScorer
 from epick.plugins.scorers.session_affinity import SessionAffinityScorer
 from epick.plugins.scorers.token_load import TokenLoadScorer
+from epick.requestcontrol.director import PREFILL_PROFILE
 from epick.simulate.types import ServerView, SimRequestSpec
 
 # In-tree plugins that never read the prompt text (the token-load scorer and the prefix-based decider
@@ -88,6 +90,7 @@ class EpickPolicy:
         self._endpoints: tuple[Endpoint, ...] = ()
         self._snapshot_key: tuple[object, ...] = ()
         self._requests: dict[str, tuple[InferenceRequest, Endpoint]] = {}
+        self._prefill: int | None = None  # the prefill server of the request routed last
         self.errors = 0
 
     def _candidates(self, servers: Sequence[ServerView]) -> tuple[Endpoint, ...]:
@@ -106,7 +109,7 @@ class EpickPolicy:
                     v.name,
                     "10.0.0.1",
                     8000 + v.index,
-                    {},
+                    {ROLE_LABEL: v.role} if v.role else {},
                     Metrics(
                         waiting_queue_size=v.waiting,
                         running_requests_size=v.running,
@@ -121,6 +124,7 @@ class EpickPolicy:
         return self._endpoints
 
     def route(self, request: SimRequestSpec, servers: Sequence[ServerView], now: float) -> int:
+        self._prefill = None
         if self.needs_text:
             body = RequestBody.completion(request.prompt)
         else:
@@ -139,7 +143,15 @@ class EpickPolicy:
             hook.pre_request(req, result)
         target = result.targets[0]
         self._requests[request.request_id] = (req, target)
+        # Disaggregated, as the service reads a decision: the `prefill` profile's target computes the
+        # prompt when that profile ran and is not the primary.
+        prefill = result.profile_results.get(PREFILL_PROFILE)
+        if prefill is not None and prefill.targets and result.primary_profile != PREFILL_PROFILE:
+            self._prefill = int(prefill.targets[0].port) - 8000
         return int(target.port) - 8000
+
+    def prefill_server(self, request: SimRequestSpec) -> int | None:
+        return self._prefill
 
     def finished(self, request: SimRequestSpec, server: int, now: float) -> None:
         entry = self._requests.pop(request.request_id, None)

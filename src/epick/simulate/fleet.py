@@ -9,6 +9,12 @@ The policy sees each server's metrics as of the last scrape (every `scrape_inter
 service's scrapers), and a scrape reads what the engine published after its last completed step.
 The first request routed after an interval boundary refreshes them.
 
+Servers may have roles (`roles`: "prefill" or "decode", the label llm-d.ai/role). When a policy
+sends a request's prefill elsewhere (`Disaggregating`), the prefill server computes the prompt and
+one token, as llm-d's prefill pods do; then the decode server receives the prompt's KV (the cost
+model's transfer time per token it does not hold already) and generates every output token. The
+request's TTFT is its first token from the decode server, its prefix hit the prefill server's.
+
 Engines are `CohortEngine`s (decode steps in runs); `stepped=True` uses `SteppedEngine`, one event
 per step, the reference the fast one is tested against.
 """
@@ -28,9 +34,10 @@ from epick.sim.engine import EngineConfig, SimRequest
 from epick.sim.engine.cohort import CohortEngine
 from epick.sim.engine.kv_cache import block_hash
 from epick.sim.engine.timed import SteppedEngine
-from epick.simulate.types import Policy, ServerView, SimRequestSpec
+from epick.simulate.types import Disaggregating, Policy, ServerView, SimRequestSpec
 
 _ARRIVE, _ENGINE = 0, 1
+_PREFILL = "#prefill"  # suffix of the id of a request's prefill part
 _EVENTS_PER_COLLECTION = 100_000
 
 
@@ -52,7 +59,8 @@ class RequestRecord:
     """What the report needs of one request (not its prompt: a million prompts would not fit)."""
 
     request_id: str
-    server: int
+    server: int  # the (decode) server
+    prefill_server: int | None  # where the prompt was computed, when not on `server`
     arrival: float
     first_token: float | None = None
     finish: float | None = None
@@ -87,6 +95,7 @@ class Fleet:
         lora_ids: dict[str, int] | None = None,
         progress: Callable[[], None] | None = None,
         stepped: bool = False,
+        roles: Sequence[str | None] | None = None,
     ) -> None:
         self.progress = progress
         if engine.kv_events:
@@ -100,10 +109,24 @@ class Fleet:
         track_loras = bool(self.lora_ids) and engine.max_loras > 0  # only a LoRA workload needs them
         for e in self.engines:
             e.track_loras = track_loras
+        if roles is not None and len(roles) != servers:
+            raise ValueError(f"{len(roles)} roles for {servers} servers")
         self.views = [
-            ServerView(i, f"s{i}", 0, 0, 0, 0.0, cached_tokens=self._cached_tokens_fn(i))
+            ServerView(
+                i,
+                f"s{i}",
+                0,
+                0,
+                0,
+                0.0,
+                cached_tokens=self._cached_tokens_fn(i),
+                role=roles[i] if roles is not None else None,
+            )
             for i in range(servers)
         ]
+        self._disaggregating = policy if isinstance(policy, Disaggregating) else None
+        # Prefill requests in flight: their id -> (the request, its decode server).
+        self._prefilling: dict[str, tuple[SimRequestSpec, int]] = {}
         self._scraped_epoch = -1
         self._scrapes = 0
         self._now = 0.0
@@ -174,21 +197,20 @@ class Fleet:
         if self.policy.reads_metrics:
             self._scrape(now)
         server = self.policy.route(spec, self.views, now)
-        record = RequestRecord(spec.request_id, server, now)
+        prefill = self._disaggregating.prefill_server(spec) if self._disaggregating is not None else None
+        if prefill == server:
+            prefill = None
+        record = RequestRecord(spec.request_id, server, prefill, now)
         self._records[spec.request_id] = record
-        lora = spec.model if spec.model in self.lora_ids else None
-        plan = self.output_plan(spec) if self.output_plan is not None else (1,)
         try:
-            req = SimRequest(
-                spec.request_id,
-                spec.tokens,
-                spec.output_tokens,
-                arrival_time=now,
-                lora=lora,
-                lora_id=self.lora_ids.get(lora) if lora else None,
-                output_plan=plan or (1,),
-            )
-            next_event = self.engines[server].submit(req, now)
+            if prefill is None:
+                self._submit(spec, server, now, remote_prefill=False)
+            else:
+                # The prompt first, on the prefill server: one token, then the decode server takes over.
+                req = self._engine_request(spec, now, request_id=spec.request_id + _PREFILL, max_tokens=1)
+                self._engine_event(prefill, self.engines[prefill].submit(req, now))
+                self.views[prefill].in_flight += 1
+                self._prefilling[req.request_id] = (spec, server)
         except ValueError as e:
             record.failed = str(e)
             record.finish = now
@@ -196,19 +218,66 @@ class Fleet:
             return
         self.views[server].in_flight += 1
         self._in_flight[spec.request_id] = spec
-        self._engine_event(server, next_event)
+
+    def _engine_request(
+        self,
+        spec: SimRequestSpec,
+        now: float,
+        *,
+        request_id: str,
+        max_tokens: int,
+        remote_prefill: bool = False,
+    ) -> SimRequest:
+        lora = spec.model if spec.model in self.lora_ids else None
+        plan = self.output_plan(spec) if self.output_plan is not None else (1,)
+        return SimRequest(
+            request_id,
+            spec.tokens,
+            max_tokens,
+            arrival_time=now,
+            lora=lora,
+            lora_id=self.lora_ids.get(lora) if lora else None,
+            remote_prefill=remote_prefill,
+            output_plan=plan or (1,),
+        )
+
+    def _submit(self, spec: SimRequestSpec, server: int, now: float, *, remote_prefill: bool) -> None:
+        req = self._engine_request(
+            spec,
+            now,
+            request_id=spec.request_id,
+            max_tokens=spec.output_tokens,
+            remote_prefill=remote_prefill,
+        )
+        self._engine_event(server, self.engines[server].submit(req, now))
 
     def _engine_due(self, server: int, now: float) -> None:
         finished, next_event = self.engines[server].advance(now)
         self._engine_event(server, next_event)
         view = self.views[server]
         for req in finished:
+            view.in_flight -= 1
+            prefilled = self._prefilling.pop(req.request_id, None)
+            if prefilled is not None:
+                spec, decode = prefilled
+                record = self._records[spec.request_id]
+                record.cached_tokens = max(req.num_cached_tokens, 0)
+                try:
+                    self._submit(spec, decode, now, remote_prefill=True)
+                except ValueError as e:  # the prompt fit; prompt and output do not
+                    record.failed = str(e)
+                    record.finish = now
+                    self.views[decode].in_flight -= 1
+                    del self._in_flight[spec.request_id]
+                    self.policy.finished(spec, decode, now)
+                    self._done(spec, now)
+                continue
             record = self._records[req.request_id]
             record.finish = now
             record.first_token = req.first_token_time
-            record.cached_tokens = max(req.num_cached_tokens, 0)
+            if record.prefill_server is None:
+                record.cached_tokens = max(req.num_cached_tokens, 0)
             record.output_tokens = req.num_output_tokens
-            view.in_flight -= 1
             spec = self._in_flight.pop(req.request_id)
             self.policy.finished(spec, server, now)
             self._done(spec, now)
@@ -243,7 +312,7 @@ class Fleet:
         for waiting in self._followers.values():
             for spec in waiting:
                 self._records[spec.request_id] = RequestRecord(
-                    spec.request_id, -1, clock, failed="an earlier turn never finished"
+                    spec.request_id, -1, None, clock, failed="an earlier turn never finished"
                 )
         return self._result(clock)
 

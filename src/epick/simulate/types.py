@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from epick.simulate import vocab
 
@@ -55,6 +55,7 @@ class ServerView:
     waiting_models: frozenset[str] = frozenset()
     max_models: int = 0
     epoch: int = 0  # which scrape these metrics come from (0: unknown); the same for every server
+    role: str | None = None  # "prefill" or "decode" in a disaggregated fleet (label llm-d.ai/role)
     # Exact prefix-cache hit, in tokens, of these tokens on this server right now (oracle only).
     cached_tokens: Callable[[Sequence[int]], int] = field(repr=False, default=lambda tokens: 0)
 
@@ -72,3 +73,13 @@ class Policy(Protocol):
         ...
 
     def finished(self, request: SimRequestSpec, server: int, now: float) -> None: ...
+
+
+@runtime_checkable
+class Disaggregating(Protocol):
+    """A policy that may send a request's prefill to another server than its decode."""
+
+    def prefill_server(self, request: SimRequestSpec) -> int | None:
+        """The server that computes the prompt of the request just routed (None: the decode server
+        does it all), asked right after `route`."""
+        ...
