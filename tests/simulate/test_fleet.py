@@ -114,18 +114,28 @@ def test_summary_fields_and_arithmetic() -> None:
     assert cov([1.0, 1.0, 1.0]) == 0.0 and cov([0.0, 2.0]) == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("arrivals", [Poisson(30.0), Poisson(300.0), ClosedLoop(6)])
-def test_cohort_engines_change_nothing_but_speed(arrivals: Poisson | ClosedLoop) -> None:
+@pytest.mark.parametrize(
+    ("arrivals", "disaggregated"),
+    [(Poisson(30.0), False), (Poisson(300.0), False), (ClosedLoop(6), False), (Poisson(30.0), True)],
+)
+def test_cohort_engines_change_nothing_but_speed(arrivals: Poisson | ClosedLoop, disaggregated: bool) -> None:
     def run(stepped: bool) -> list[tuple[str, int, float, float | None, float | None, int]]:
         specs = [
             SimRequestSpec(s.request_id, s.text, s.tokens, 5 + i % 40)
             for i, s in enumerate(shared_prefix(60))
         ]
-        policy = EpickPolicy("default", load_default_config(seed=9))
+        if disaggregated:
+            policy = EpickPolicy("pd", load_config_file(CONFIGS / "pd.yaml", seed=9))
+        else:
+            policy = EpickPolicy("default", load_default_config(seed=9))
         engine = EngineConfig(
             num_gpu_blocks=400, max_num_seqs=4, cost=CostModel()
         )  # tight: preemption, queues
-        result = Fleet(3, engine, policy, stepped=stepped).run(specs, arrivals, random.Random(9))
+        roles = ["prefill", "decode", "decode"] if disaggregated else None
+        fleet = Fleet(3, engine, policy, stepped=stepped, roles=roles)
+        result = fleet.run(specs, arrivals, random.Random(9))
+        if disaggregated:
+            assert any(r.prefill_server is not None for r in result.records)
         return [
             (r.request_id, r.server, r.arrival, r.first_token, r.finish, r.output_tokens)
             for r in sorted(result.records, key=lambda r: r.request_id)
