@@ -173,6 +173,12 @@ def test_disaggregated_requests_prefill_on_a_prefill_server_and_decode_on_a_deco
     long = [by_id[f"r{i}"] for i in range(1, 40, 2)]
     assert all(r.first_token is not None and r.first_token > r.arrival for r in long)
     assert all(v.in_flight == 0 for v in fleet.views)
+    # Each server counts the requests it decoded or prefilled; balance is measured within a role.
+    assert result.requests_per_server[0] == 20 and sum(result.requests_per_server[1:]) == 40
+    assert result.roles == ["prefill", "decode", "decode"]
+    summary = summarize("pd", 20.0, result, SLO(ttft_s=10, tpot_s=10))
+    decode_counts = [float(n) for n in result.requests_per_server[1:]]
+    assert summary["load_cov"] == pytest.approx(cov(decode_counts) * 2 / 3)  # the prefill group: 0
 
 
 def test_a_request_that_fits_the_prefill_server_but_not_the_decode_server_fails_clearly() -> None:

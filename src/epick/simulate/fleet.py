@@ -78,6 +78,7 @@ class FleetResult:
     prefix_hits: int
     servers: int
     requests_per_server: list[int] = field(default_factory=list)
+    roles: list[str | None] = field(default_factory=list)  # per server, when the fleet has roles
 
 
 OutputPlan = Callable[[SimRequestSpec], Sequence[int]]
@@ -379,10 +380,12 @@ class Fleet:
 
     def _result(self, clock: float) -> FleetResult:
         records = list(self._records.values())
-        per_server = [0] * len(self.engines)
+        per_server = [0] * len(self.engines)  # requests each server decoded or prefilled
         for r in records:
             if r.server >= 0:
                 per_server[r.server] += 1
+            if r.prefill_server is not None:
+                per_server[r.prefill_server] += 1
         return FleetResult(
             records=records,
             makespan=clock,
@@ -391,4 +394,5 @@ class Fleet:
             prefix_hits=sum(e.scheduler.prefix_hits for e in self.engines),
             servers=len(self.engines),
             requests_per_server=per_server,
+            roles=[v.role for v in self.views],
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,11 +61,22 @@ def summarize(policy: str, load: float | None, result: FleetResult, slo: SLO) ->
         "output_tokens_per_s": output_tokens / makespan,
         "requests_per_s": len(done) / makespan,
         "prefix_cache_hit_rate": result.prefix_hits / result.prefix_queries if result.prefix_queries else 0.0,
-        "load_cov": cov([float(n) for n in result.requests_per_server]),
-        "busy_cov": cov(result.busy_time),
+        "load_cov": _by_role(cov, [float(n) for n in result.requests_per_server], result.roles),
+        "busy_cov": _by_role(cov, result.busy_time, result.roles),
         "goodput": good / makespan,
         "goodput_share": good / len(result.records) if result.records else 0.0,
         "completed": len(done),
         "failed": len(result.records) - len(done),
         "makespan_s": result.makespan,
     }
+
+
+def _by_role(measure: Callable[[list[float]], float], values: list[float], roles: list[str | None]) -> float:
+    """`measure` over the servers; with roles, over each role's servers (prefill servers are not
+    compared with decode servers), averaged weighted by how many servers each role has."""
+    if not roles or len(set(roles)) < 2:
+        return measure(values)
+    groups: dict[str | None, list[float]] = {}
+    for value, role in zip(values, roles, strict=True):
+        groups.setdefault(role, []).append(value)
+    return sum(measure(g) * len(g) for g in groups.values()) / len(values)
