@@ -111,7 +111,7 @@ def drive(engine: TimedEngine, arrivals: list[Arrival], probes: list[float]) -> 
         "stats": (engine.steps, engine.scheduler.prefix_queries, engine.scheduler.prefix_hits),
         "busy": engine.busy_time,
         "cached": set(pool.cached),
-        "free_queue": [pool.block_hash[b] for b in pool.free_block_ids()],
+        "free_queue": pool.free_hashes(),
         "metrics": [(m.waiting, m.running, m.kv_usage) for m in metrics],
     }
 

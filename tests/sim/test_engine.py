@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from epick.sim.engine import (
+    BlockPool,
     BlockRemoved,
     BlockStored,
     CostModel,
@@ -222,3 +223,26 @@ def test_cost_model_is_linear_in_its_terms() -> None:
     )
     # 1 + 2*10 + 3*2 + 4*100 + 5*7 + 6*1 = 468
     assert c.step_time(10, 2, 100, 7, 1) == 468
+
+
+def test_anonymous_blocks_keep_their_place_in_the_free_queue() -> None:
+    pool = BlockPool(8, 4)
+    named = pool.allocate(2)  # blocks 0, 1
+    pool.cache_full_block(named[0], 100, None, [1, 2, 3, 4], None)
+    pool.take_anonymous(3)  # three of the fresh ones, unnamed
+    assert pool.num_free == 3
+    pool.release_anonymous(2)
+    pool.release(named[::-1])  # 1 (no hash), then 0 (hash 100)
+    pool.release_anonymous(1)
+    # head first: 3 fresh blocks, a run of 2, block 1, block 0 (cached), a run of 1
+    assert pool.free_hashes() == [None, None, None, None, None, None, 100, None]
+    assert pool.num_free == 8
+    pool.take_anonymous(4)  # the fresh ones, then one of the run
+    assert pool.free_hashes() == [None, None, 100, None]
+    ids = pool.allocate(3)  # the rest of the run (named now), then block 1, then block 0: evicted
+    assert len(set(ids)) == 3 and ids[1:] == [1, 0]
+    assert pool.lookup(100) is None and pool.drain_events()[-1] == BlockRemoved([100])
+    assert pool.num_free == 1 and pool.free_hashes() == [None]
+    held = pool.name_anonymous(4)  # the four still held anonymously get ids: all 7 in use differ
+    assert len(set(held + ids)) == 7 and all(pool.ref_count[b] == 1 for b in held + ids)
+    assert pool.name_anonymous(0) == []

@@ -7,10 +7,18 @@ evicted, least recently freed first.
 The queue starts as every block in id order. Blocks never used yet are its head and are not stored:
 `_fresh` is the next of them, and blocks from `_fresh` to the end come out before any freed block
 (a fleet of 256 engines with 27,000 blocks each would otherwise spend seconds building queues).
+
+Anonymous blocks. A block without a hash is interchangeable with any other; only its place in the
+free queue matters. `take_anonymous(n)` and `release_anonymous(n)` move such blocks as counts: a
+released run of them is one queue entry (a negative key; its length in `_runs`), and their ids wait
+in `_anonymous` until a block of a run must be named (`allocate` taking from a run, or
+`name_anonymous` for a holder that needs ids). The fleet's engine holds the blocks that decoding
+requests fill this way (epick.sim.engine.cohort). Ref counts are kept for named blocks only.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,17 +56,31 @@ class BlockPool:
         self.block_hash: list[int | None] = [None] * num_blocks
         self.free: OrderedDict[int, None] = OrderedDict()  # freed blocks, after the fresh ones
         self._fresh = 0  # blocks _fresh.. have never been used: the head of the free queue
+        self._anonymous: list[int] = []  # ids of the blocks held or freed anonymously
+        self._runs: dict[int, int] = {}  # key in `free` of a run of anonymous free blocks -> length
+        self._run_keys = itertools.count(-1, -1)
+        self._free_in_runs = 0
         self.cached: dict[int, int] = {}  # block hash -> block id
         self.events: list[KVEvent] = []
         self.record_events = record_events  # off when nobody listens (fleet simulation)
 
     @property
     def num_free(self) -> int:
-        return len(self.free) + self.num_blocks - self._fresh
+        return len(self.free) - len(self._runs) + self._free_in_runs + self.num_blocks - self._fresh
 
     def free_block_ids(self) -> list[int]:
-        """The free queue, head first."""
-        return [*range(self._fresh, self.num_blocks), *self.free]
+        """The named blocks of the free queue, head first."""
+        return [*range(self._fresh, self.num_blocks), *(b for b in self.free if b >= 0)]
+
+    def free_hashes(self) -> list[int | None]:
+        """The free queue, head first, as the hash each block holds (None: none)."""
+        out: list[int | None] = [None] * (self.num_blocks - self._fresh)
+        for key in self.free:
+            if key >= 0:
+                out.append(self.block_hash[key])
+            else:
+                out.extend([None] * self._runs[key])
+        return out
 
     def usage(self) -> float:
         """Share of blocks in use by requests (cached free blocks count as free, as in vLLM)."""
@@ -91,8 +113,14 @@ class BlockPool:
         hashes = self.block_hash
         cached = self.cached
         ref_count = self.ref_count
-        for _ in range(n):
+        while n:
             block_id = pop(last=False)[0]
+            if block_id < 0:
+                taken = self._take_from_run(block_id, n)
+                named = self.name_anonymous(taken)
+                out.extend(named)
+                n -= taken
+                continue
             old = hashes[block_id]
             if old is not None:
                 del cached[old]
@@ -100,9 +128,70 @@ class BlockPool:
                 removed.append(old)
             ref_count[block_id] = 1
             out.append(block_id)
+            n -= 1
         if removed and self.record_events:
             self.events.append(BlockRemoved(removed))
         return out
+
+    def _take_from_run(self, key: int, n: int) -> int:
+        """Up to n blocks from the run just popped from the queue's head; the rest goes back there."""
+        length = self._runs.pop(key)
+        taken = min(length, n)
+        self._free_in_runs -= taken
+        if length > taken:
+            self._runs[key] = length - taken
+            self.free[key] = None
+            self.free.move_to_end(key, last=False)
+        return taken
+
+    def take_anonymous(self, n: int) -> None:
+        """n blocks, as a count (the caller checked `num_free`): what `allocate` would take, unnamed."""
+        fresh = min(n, self.num_blocks - self._fresh)
+        if fresh:
+            self._anonymous.extend(range(self._fresh, self._fresh + fresh))
+            self._fresh += fresh
+            n -= fresh
+        removed = []
+        pop = self.free.popitem
+        while n:
+            block_id = pop(last=False)[0]
+            if block_id < 0:
+                n -= self._take_from_run(block_id, n)  # their ids are in _anonymous already
+                continue
+            old = self.block_hash[block_id]
+            if old is not None:
+                del self.cached[old]
+                self.block_hash[block_id] = None
+                removed.append(old)
+            self._anonymous.append(block_id)
+            n -= 1
+        if removed and self.record_events:
+            self.events.append(BlockRemoved(removed))
+
+    def name_anonymous(self, n: int) -> list[int]:
+        """Ids for n blocks held anonymously (each now a named block with one reference)."""
+        if n <= 0:
+            return []
+        ids = self._anonymous[-n:]
+        del self._anonymous[-n:]
+        ref_count = self.ref_count
+        for block_id in ids:
+            ref_count[block_id] = 1
+        return ids
+
+    def release_anonymous(self, n: int) -> None:
+        """n blocks held anonymously join the free queue's tail, as one run."""
+        if n <= 0:
+            return
+        self._free_in_runs += n
+        if self.free:
+            last = next(reversed(self.free))
+            if last < 0:
+                self._runs[last] += n
+                return
+        key = next(self._run_keys)
+        self._runs[key] = n
+        self.free[key] = None
 
     def release(self, block_ids: list[int]) -> None:
         """Drop one reference on each block, in order; blocks reaching 0 join the free queue's tail."""

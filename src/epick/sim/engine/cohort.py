@@ -14,9 +14,10 @@ sums that do not change from step to step:
 - a heap of the steps at which members finish.
 
 A run of decode-only steps, up to the next finish, is then planned in O(block_size) and touches no
-member; an arrival cuts it at the step in progress. Blocks the run takes are popped from the pool
-lazily (before anything reads the pool), into a spare list from which each member collects its own
-when it finishes; new blocks carry no hash, so which member holds which one is invisible.
+member; an arrival cuts it at the step in progress. Blocks the run takes are taken from the pool
+lazily (before anything reads the pool) and as a count: new blocks carry no hash, so which member
+holds which one is invisible, and the pool keeps them as anonymous blocks (block_pool.py); a member
+learns how many are its own when it finishes, and frees them as one run.
 
 Steps with prefill work or admissions are taken one at a time, with the cohort still summed up.
 A step the sums cannot express (the KV cache cannot give every running request its blocks, so the
@@ -31,7 +32,6 @@ before then).
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 
 from epick.sim.engine.engine import Engine, EngineConfig
@@ -54,10 +54,8 @@ class CohortEngine(Engine):
         self._n = 0
         self._context = 0  # A = Σ (T0 − s0)
         self._phase = [0] * bs  # members needing a block at steps ≡ i (mod block size)
-        self._cumulative: list[int] | None = None  # running sums of _phase over two cycles
         self._finishes: list[tuple[int, int, SimRequest]] = []  # (finish step, admitted_seq, request)
-        self._spare: list[int] = []  # blocks popped for members, not yet collected
-        self._synced = 0  # blocks of cohort steps before this one have been popped
+        self._synced = 0  # the blocks of cohort steps before this one have been taken from the pool
         # Running requests outside the cohort (prefilling), in running order.
         self._prefilling: list[SimRequest] = []
         # The step or run in progress: first step, length, start time, duration of step i = α + β·i.
@@ -84,7 +82,6 @@ class CohortEngine(Engine):
         self._n += 1
         self._context += c
         self._phase[(1 - c) % len(self._phase)] += 1
-        self._cumulative = None
         finish = step + req.max_tokens - req.num_output_tokens - 1
         heapq.heappush(self._finishes, (finish, req.admitted_seq, req))
 
@@ -96,29 +93,34 @@ class CohortEngine(Engine):
         self._n -= 1
         self._context -= c
         self._phase[(1 - c) % len(self._phase)] -= 1
-        self._cumulative = None
         req.cohort_step = -1
         req.num_tokens += k
         req.num_output_tokens += k
         computed = req.num_tokens - 1
         req.num_computed_tokens = computed
-        owed = -(-computed // self.config.block_size) - len(req.block_ids)
+        owed = -(-computed // self.config.block_size) - len(req.block_ids) - req.anonymous_blocks
         if owed > 0:
-            spare = self._spare
-            req.block_ids.extend(spare[-owed:])
-            del spare[-owed:]
+            req.anonymous_blocks += owed
+
+    def _name_blocks(self, req: SimRequest) -> None:
+        if req.anonymous_blocks:
+            req.block_ids.extend(self.pool.name_anonymous(req.anonymous_blocks))
+            req.anonymous_blocks = 0
 
     def _blocks(self, start: int, steps: int) -> int:
         """New blocks the cohort takes in steps start … start+steps−1."""
         if steps <= 0 or not self._n:
             return 0
         bs = len(self._phase)
-        cumulative = self._cumulative
-        if cumulative is None:
-            cumulative = self._cumulative = list(itertools.accumulate(self._phase * 2, initial=0))
         cycles, rest = divmod(steps, bs)
-        offset = start % bs
-        return cycles * self._n + cumulative[offset + rest] - cumulative[offset]
+        total = cycles * self._n
+        if rest:
+            offset = start % bs
+            phase = self._phase
+            total += sum(phase[offset : offset + rest])
+            if offset + rest > bs:
+                total += sum(phase[: offset + rest - bs])
+        return total
 
     def _fit(self, start: int, free: int) -> int:
         """The most steps from `start` whose blocks `free` blocks cover."""
@@ -141,7 +143,7 @@ class CohortEngine(Engine):
             blocks = self._blocks(self._synced, step - self._synced)
             self._synced = step
             if blocks:
-                self._spare.extend(self.pool.allocate(blocks))
+                self.pool.take_anonymous(blocks)
 
     # Time within the step or run in progress.
     def _end_of(self, steps: int) -> float:
@@ -385,8 +387,11 @@ class CohortEngine(Engine):
         """Release finished requests, in running order (the order their blocks rejoin the free queue)."""
         kv = self.kv
         bs = self.config.block_size
+        outputs_cached = kv.enable_prefix_caching and kv.cache_outputs
         for req in done:
             computed = req.num_computed_tokens
+            if outputs_cached:
+                self._name_blocks(req)  # its full output blocks get hashes: they need ids
             if kv.enable_prefix_caching and computed // bs > req.num_registered_blocks:
                 kv.cache_full_blocks(req, computed)
             req.status = RequestStatus.FINISHED
@@ -408,6 +413,7 @@ class CohortEngine(Engine):
         s = self.step_index
         for _, _, req in self._finishes:
             self._catch_up(req, s)
+            self._name_blocks(req)  # the reference works with named blocks
         self._finishes = []
         self._prefilling = []
         result = self.step(now)

@@ -120,7 +120,11 @@ class KVCacheManager:
             pool.cache_full_block(block_id, hashes[i], parent, req.tokens(i * bs, (i + 1) * bs), req.lora_id)
 
     def free(self, req: SimRequest) -> None:
-        # Tail blocks first, so a request's later blocks are evicted before its prefix (as vLLM).
+        # Tail blocks first, so a request's later blocks are evicted before its prefix (as vLLM);
+        # anonymous blocks are its tail.
+        if req.anonymous_blocks:
+            self.pool.release_anonymous(req.anonymous_blocks)
+            req.anonymous_blocks = 0
         self.pool.release(req.block_ids[::-1])
         req.block_ids = []
         req.num_registered_blocks = 0

@@ -40,6 +40,8 @@ class SimRequest:
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
+    # Blocks after `block_ids` held without ids (epick.sim.engine.block_pool's anonymous blocks).
+    anonymous_blocks: int = 0
     block_hashes: list[int] = field(default_factory=list)  # of full blocks, over prompt + output
     num_registered_blocks: int = 0  # leading blocks already offered to the prefix cache
     num_cached_tokens: int = -1  # prefix-cache hit at first admission; -1 until admitted
