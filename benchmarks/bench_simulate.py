@@ -4,7 +4,7 @@ The workload is ShareGPT-like (median 100 prompt and 250 output tokens) at 400 r
 for round-robin and for the default config, on the fleet's cohort engines; the baseline in the same
 run is the same simulation on reference engines that take one event per engine step
 (`stepped=True`, identical results: tests/sim/test_cohort.py), on a quarter of the requests to keep
-the run short.
+the run short. The cohort figure is the median of three runs.
 """
 
 from __future__ import annotations
@@ -58,7 +58,9 @@ def main() -> None:
         table.add_column(col, justify="right")
     for policy, target in (("round-robin", 20_000), ("default", 5_000)):
         base, base_makespan = run(policy, n // 4, stepped=True)
-        fast, makespan = run(policy, n, stepped=False)
+        # The median of three: on a shared machine one run can be a fifth off.
+        runs = sorted(run(policy, n, stepped=False) for _ in range(3))
+        fast, makespan = runs[1]
         table.add_row(policy, "stepped", f"{base:,.0f}", "1.00", "", f"{base_makespan:.1f}")
         table.add_row(
             policy,
