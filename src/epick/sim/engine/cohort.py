@@ -368,7 +368,7 @@ class CohortEngine(Engine):
         """Decode-only steps from now to the next finish (or as far as the free blocks go)."""
         s = self.step_index
         n = self._n
-        # Step s's blocks are popped already; the steps after it take theirs from what is free. A
+        # Step s's blocks are taken already; the steps after it take theirs from what is free. A
         # member needs a block at most once per `block_size` steps: when that bound fits, all fit.
         steps = self._finishes[0][0] - s + 1
         free = self.pool.num_free
