@@ -31,13 +31,19 @@ class SimRequestSpec:
     after: str | None = None
     think_time: float = 0.0
     arrival: float | None = None  # fixed arrival time (trace replay); None: the arrival process decides
+    # With `text` left out: the text of the first `known_text_tokens` tokens, when the workload has it
+    # already (a shared prefix), so that building the prompt spells only the rest.
+    known_text: str = ""
+    known_text_tokens: int = 0
 
     @property
     def prompt(self) -> str:
         """The prompt text; built from the tokens on first use when the workload left it out (many
         policies never read it, and building it is a good part of generating a request)."""
         if self.text is None:
-            self.text = vocab.text(self.tokens)
+            known = self.known_text_tokens
+            rest = vocab.text(self.tokens[known:] if known else self.tokens)
+            self.text = f"{self.known_text} {rest}" if known and rest else (self.known_text or rest)
         return self.text
 
 

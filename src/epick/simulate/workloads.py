@@ -188,9 +188,11 @@ def _grouped(
         suffix = _random_tokens(rng, suffix_tokens, first)
         yield SimRequestSpec(
             request_id=id_format.format(g, p),
-            text=_join(prefix_texts[g], vocab.text(suffix)),
+            text=None,  # the prefix's text and the suffix's, joined if a policy reads it
             tokens=prefixes[g] + suffix,
             output_tokens=output_tokens,
+            known_text=prefix_texts[g],
+            known_text_tokens=prefix_tokens,
         )
 
 
