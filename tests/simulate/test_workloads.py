@@ -208,7 +208,7 @@ def test_sharegpt_like_lengths() -> None:
     assert statistics.fmean(outputs) == pytest.approx(344, rel=0.12)
     assert min(inputs) >= 1 and max(inputs) <= 4096 and max(inputs) > 1000  # long tail, capped
     assert min(outputs) >= 1 and max(outputs) <= 2048
-    assert len({r.tokens for r in requests}) == 4000
+    assert len({tuple(r.tokens) for r in requests}) == 4000
 
 
 def test_sharegpt_like_caps() -> None:

@@ -24,7 +24,7 @@ class SimRequestSpec:
 
     request_id: str
     text: str | None  # None: built from the tokens when a policy first asks (`prompt`)
-    tokens: tuple[int, ...]
+    tokens: Sequence[int]  # a tuple, or a compact array('H') of token ids
     output_tokens: int
     model: str = "sim-model"
     session: str | None = None

@@ -423,7 +423,8 @@ class ShareGPTLike(Workload):
         for i in range(self.n):
             input_tokens = _lognormal_length(rng, self.input_median, self.input_sigma, self.input_max)
             output_tokens = _lognormal_length(rng, self.output_median, self.output_sigma, self.output_max)
-            tokens = _random_tokens(rng, input_tokens)
+            # Compact: two bytes a token, no int object each (VOCAB_SIZE is 2**16: any 16 bits are a token).
+            tokens = array("H", rng.randbytes(2 * input_tokens))
             yield SimRequestSpec(request_id=f"sg-{i}", text=None, tokens=tokens, output_tokens=output_tokens)
 
 
