@@ -122,13 +122,16 @@ def _sub_rng(rng: random.Random) -> random.Random:
     return random.Random(rng.getrandbits(64))
 
 
-def _random_tokens(rng: random.Random, n: int, first: int | None = None) -> tuple[int, ...]:
-    """`n` uniformly random token ids (the first one given, if `first` is set)."""
+def _random_tokens(rng: random.Random, n: int, first: int | None = None) -> array[int]:
+    """`n` uniformly random token ids (the first one given, if `first` is set), compact: two bytes a
+    token and no int object each (VOCAB_SIZE is 2**16: any 16 bits are a token)."""
     if n <= 0:
-        return ()
+        return array("H")
     if first is None:
-        return tuple(array("H", rng.randbytes(2 * n)))  # VOCAB_SIZE is 2**16: any 16 bits are a token
-    return (_TOKENS[first], *array("H", rng.randbytes(2 * (n - 1))))
+        return array("H", rng.randbytes(2 * n))
+    tokens = array("H", (first,))
+    tokens.frombytes(rng.randbytes(2 * (n - 1)))
+    return tokens
 
 
 def _distinct_tokens(rng: random.Random, count: int) -> list[int]:
@@ -349,11 +352,12 @@ class MultiTurn(Workload):
     def _requests(self, rng: random.Random) -> Iterator[SimRequestSpec]:
         system_firsts = _distinct_tokens(rng, self.sessions)
         for s in range(self.sessions):
-            history = _random_tokens(rng, self.system_tokens, system_firsts[s])
+            # Tuples: a conversation grows by the assistant's answers, which are tuples.
+            history = tuple(_random_tokens(rng, self.system_tokens, system_firsts[s]))
             history_text = vocab.text(history)
             previous: str | None = None
             for t in range(self.turns):
-                user = _random_tokens(rng, self.user_tokens)
+                user = tuple(_random_tokens(rng, self.user_tokens))
                 tokens = history + user
                 text = _join(history_text, vocab.text(user))
                 request_id = f"mt-s{s}-t{t}"
@@ -423,8 +427,7 @@ class ShareGPTLike(Workload):
         for i in range(self.n):
             input_tokens = _lognormal_length(rng, self.input_median, self.input_sigma, self.input_max)
             output_tokens = _lognormal_length(rng, self.output_median, self.output_sigma, self.output_max)
-            # Compact: two bytes a token, no int object each (VOCAB_SIZE is 2**16: any 16 bits are a token).
-            tokens = array("H", rng.randbytes(2 * input_tokens))
+            tokens = _random_tokens(rng, input_tokens)
             yield SimRequestSpec(request_id=f"sg-{i}", text=None, tokens=tokens, output_tokens=output_tokens)
 
 
