@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from epick.sim.engine import EngineConfig, SimRequest
 from epick.sim.engine.cohort import CohortEngine
-from epick.sim.engine.kv_cache import block_hash
+from epick.sim.engine.kv_cache import chain_hashes
 from epick.sim.engine.timed import SteppedEngine
 from epick.simulate.types import Disaggregating, Policy, ServerView, SimRequestSpec
 
@@ -143,11 +143,9 @@ class Fleet:
         """The block-hash chain of a prompt, computed once per request for every server's lookup."""
         if tokens is not self._hashed_tokens:
             bs = self.engines[0].config.block_size
-            hashes = []
-            parent = None
-            for start in range(0, (len(tokens) - 1) // bs * bs, bs):
-                parent = block_hash(parent, tuple(tokens[start : start + bs]), None)
-                hashes.append(parent)
+            # As far as an engine looks up: the last token is always computed.
+            blocks = (len(tokens) - 1) // bs
+            hashes = chain_hashes(tokens, 0, blocks, block_size=bs, parent=None, lora_id=None)
             self._hashed_tokens, self._hashes = tokens, hashes
         return self._hashes
 

@@ -35,7 +35,7 @@ import heapq
 import math
 
 from epick.sim.engine.engine import Engine, EngineConfig
-from epick.sim.engine.request import FinishReason, RequestStatus, SimRequest
+from epick.sim.engine.request import SimRequest
 from epick.sim.engine.scheduler import ScheduledWork, SchedulerOutput
 from epick.sim.engine.timed import EngineMetrics
 
@@ -337,27 +337,14 @@ class CohortEngine(Engine):
     def _progress(self, out: SchedulerOutput, end: float) -> list[SimRequest]:
         """Prefill progress and first tokens of a step's work; the requests it finishes. Those now
         decoding join the cohort."""
-        kv = self.kv
-        bs = self.config.block_size
-        caching = kv.enable_prefix_caching
         join_at = self.step_index
         done = []
         prefilling = []
         for w in out.work:
             req = w.request
-            computed = req.num_computed_tokens + w.num_new_tokens
-            req.num_computed_tokens = computed
-            if caching and computed // bs > req.num_registered_blocks:
-                kv.cache_full_blocks(req, computed)
-            if computed < req.num_tokens:
+            if not self._compute(req, w.num_new_tokens, end):
                 prefilling.append(req)
-                continue
-            req.num_output_tokens += 1
-            req.num_tokens += 1
-            if req.first_token_time is None:
-                req.first_token_time = end
-            req.last_token_time = end
-            if req.num_output_tokens >= req.max_tokens:
+            elif req.num_output_tokens >= req.max_tokens:
                 done.append(req)
             else:
                 self._join(req, join_at)
@@ -394,19 +381,8 @@ class CohortEngine(Engine):
                 self._name_blocks(req)  # its full output blocks get hashes: they need ids
             if kv.enable_prefix_caching and computed // bs > req.num_registered_blocks:
                 kv.cache_full_blocks(req, computed)
-            req.status = RequestStatus.FINISHED
-            req.finish_reason = FinishReason.LENGTH
-            req.finish_time = end
             req.last_token_time = end
-            kv.free(req)
-            self.requests.pop(req.request_id, None)
-        running = self.scheduler.running
-        if len(done) <= 4:
-            for req in done:
-                running.remove(req)  # SimRequest compares by identity
-        else:
-            gone = set(map(id, done))
-            self.scheduler.running = [r for r in running if id(r) not in gone]
+        self._release(done, end)
 
     def _reference_step(self, now: float) -> float | None:
         """Dissolve the cohort, take one `Engine.step`, and sum the decoding requests up again."""

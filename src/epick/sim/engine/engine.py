@@ -171,38 +171,52 @@ class Engine:
     def _update(self, work: list[ScheduledWork], end: float) -> list[RequestOutput]:
         outputs = []
         finished = []
-        kv = self.kv
-        bs = self.config.block_size
-        caching = kv.enable_prefix_caching
         for w in work:
             req = w.request
-            computed = req.num_computed_tokens + w.num_new_tokens
-            req.num_computed_tokens = computed
-            if caching and computed // bs > req.num_registered_blocks:
-                kv.cache_full_blocks(req, computed)
-            if computed < req.num_tokens:
+            if not self._compute(req, w.num_new_tokens, end):
                 continue  # a prefill chunk: no token yet
             plan = req.output_plan
-            token = plan[req.num_output_tokens % len(plan)]
-            req.num_output_tokens += 1
-            req.num_tokens += 1
-            if req.first_token_time is None:
-                req.first_token_time = end
-            req.last_token_time = end
+            token = plan[(req.num_output_tokens - 1) % len(plan)]
             done = req.num_output_tokens >= req.max_tokens
             if done:
-                req.status = RequestStatus.FINISHED
-                req.finish_reason = FinishReason.LENGTH
-                req.finish_time = end
                 finished.append(req)
             outputs.append(RequestOutput(req, [token], done))
         if finished:
-            gone = set(map(id, finished))
-            self.scheduler.running = [r for r in self.scheduler.running if id(r) not in gone]
-            for req in finished:
-                kv.free(req)
-                self.requests.pop(req.request_id, None)
+            self._release(finished, end)
         return outputs
+
+    def _compute(self, req: SimRequest, num_new_tokens: int, end: float) -> bool:
+        """A step ending at `end` computed these tokens of the request: its newly full blocks join the
+        prefix cache, and once it has caught up with its tokens it samples one (True)."""
+        computed = req.num_computed_tokens + num_new_tokens
+        req.num_computed_tokens = computed
+        kv = self.kv
+        if kv.enable_prefix_caching and computed // kv.block_size > req.num_registered_blocks:
+            kv.cache_full_blocks(req, computed)
+        if computed < req.num_tokens:
+            return False
+        req.num_output_tokens += 1
+        req.num_tokens += 1
+        if req.first_token_time is None:
+            req.first_token_time = end
+        req.last_token_time = end
+        return True
+
+    def _release(self, finished: list[SimRequest], end: float) -> None:
+        """Finished requests leave the engine, in running order (the order their blocks are freed)."""
+        for req in finished:
+            req.status = RequestStatus.FINISHED
+            req.finish_reason = FinishReason.LENGTH
+            req.finish_time = end
+            self.kv.free(req)
+            self.requests.pop(req.request_id, None)
+        running = self.scheduler.running
+        if len(finished) <= 4:
+            for req in finished:
+                running.remove(req)  # SimRequest compares by identity
+        else:
+            gone = set(map(id, finished))
+            self.scheduler.running = [r for r in running if id(r) not in gone]
 
     def reset_prefix_cache(self) -> bool:
         return self.pool.reset_prefix_cache()

@@ -7,6 +7,8 @@ last block is recomputed anyway (a step needs at least one token to produce the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from epick.sim.engine.block_pool import BlockPool
 from epick.sim.engine.request import SimRequest
 
@@ -16,6 +18,17 @@ _MASK = (1 << 64) - 1
 def block_hash(parent: int | None, tokens: tuple[int, ...], lora_id: int | None) -> int:
     # Python's tuple-of-int hash is deterministic across processes (no hash randomisation for ints).
     return hash((parent, lora_id, tokens)) & _MASK
+
+
+def chain_hashes(
+    tokens: Sequence[int], start: int, end: int, *, block_size: int, parent: int | None, lora_id: int | None
+) -> list[int]:
+    """The hashes of full blocks start … end−1 of `tokens`, chained on from `parent` (block start−1's)."""
+    hashes = []
+    for i in range(start * block_size, end * block_size, block_size):
+        parent = block_hash(parent, tuple(tokens[i : i + block_size]), lora_id)
+        hashes.append(parent)
+    return hashes
 
 
 class KVCacheManager:
@@ -30,16 +43,22 @@ class KVCacheManager:
     def _extend_hashes(self, req: SimRequest, upto_tokens: int) -> None:
         bs = self.block_size
         hashes = req.block_hashes
-        prompt = req.prompt_token_ids
-        in_prompt = len(prompt)
+        want = upto_tokens // bs
+        if want <= len(hashes):
+            return
         lora_id = req.lora_id
-        parent = hashes[-1] if hashes else None
-        while (len(hashes) + 1) * bs <= upto_tokens:
+        in_prompt = min(want, req.num_prompt // bs)  # blocks read straight from the prompt
+        if in_prompt > len(hashes):
+            parent = hashes[-1] if hashes else None
+            have = len(hashes)
+            hashes += chain_hashes(
+                req.prompt_token_ids, have, in_prompt, block_size=bs, parent=parent, lora_id=lora_id
+            )
+        while len(hashes) < want:  # blocks holding generated tokens
             start = len(hashes) * bs
-            end = start + bs
-            block = prompt[start:end] if end <= in_prompt else req.tokens(start, end)
-            parent = block_hash(parent, tuple(block), lora_id)
-            hashes.append(parent)
+            hashes.append(
+                block_hash(hashes[-1] if hashes else None, tuple(req.tokens(start, start + bs)), lora_id)
+            )
 
     def computed_blocks(self, req: SimRequest) -> list[int]:
         """The cached blocks that hold a prefix of this request's tokens (none when caching is off)."""

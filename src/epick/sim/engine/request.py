@@ -60,22 +60,11 @@ class SimRequest:
     def num_prompt_tokens(self) -> int:
         return self.num_prompt
 
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.tokens(self.num_prompt, self.num_tokens)
-
     def __post_init__(self) -> None:
         if not self.output_plan:
             raise ValueError("output_plan must not be empty")
         self.num_prompt = len(self.prompt_token_ids)
         self.num_tokens = self.num_prompt + self.num_output_tokens
-
-    def token(self, i: int) -> int:
-        n = self.num_prompt
-        if i < n:
-            return self.prompt_token_ids[i]
-        plan = self.output_plan
-        return plan[(i - n) % len(plan)]
 
     def tokens(self, start: int, end: int) -> list[int]:
         """Token ids start..end-1 of prompt + outputs."""
@@ -91,7 +80,3 @@ class SimRequest:
         else:
             out.extend(plan[i % size] for i in range(lo, hi))
         return out
-
-    def next_output_token(self) -> int:
-        plan = self.output_plan
-        return plan[self.num_output_tokens % len(plan)]
