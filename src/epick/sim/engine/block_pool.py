@@ -97,41 +97,8 @@ class BlockPool:
 
     def allocate(self, n: int) -> list[int]:
         """n new blocks, evicting the least recently freed; the caller checked `num_free`."""
-        fresh = min(n, self.num_blocks - self._fresh)
-        if fresh:
-            start = self._fresh
-            self._fresh += fresh
-            out = list(range(start, start + fresh))
-            self.ref_count[start : start + fresh] = [1] * fresh
-            if fresh == n:
-                return out
-            n -= fresh
-        else:
-            out = []
-        removed = []
-        pop = self.free.popitem
-        hashes = self.block_hash
-        cached = self.cached
-        ref_count = self.ref_count
-        while n:
-            block_id = pop(last=False)[0]
-            if block_id < 0:
-                taken = self._take_from_run(block_id, n)
-                named = self.name_anonymous(taken)
-                out.extend(named)
-                n -= taken
-                continue
-            old = hashes[block_id]
-            if old is not None:
-                del cached[old]
-                hashes[block_id] = None
-                removed.append(old)
-            ref_count[block_id] = 1
-            out.append(block_id)
-            n -= 1
-        if removed and self.record_events:
-            self.events.append(BlockRemoved(removed))
-        return out
+        self.take_anonymous(n)
+        return self.name_anonymous(n)
 
     def _take_from_run(self, key: int, n: int) -> int:
         """Up to n blocks from the run just popped from the queue's head; the rest goes back there."""
