@@ -5,12 +5,17 @@ for round-robin and for the default config, on the fleet's cohort engines; the b
 run is the same simulation on reference engines that take one event per engine step
 (`stepped=True`, identical results: tests/sim/test_cohort.py), on a quarter of the requests to keep
 the run short. The cohort figure is the median of three runs.
+
+A second table shows how the rate depends on the workload (mostly on prompt length): for each
+workload, the time to generate a request, then the cohort engines' rate with the requests generated
+beforehand; the baseline is the ShareGPT-like row.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import random
 import time
 
@@ -18,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from epick.cli.simulate import CONFIG_POLICIES
-from epick.config import load_config_text, load_default_config
+from epick.config import LoadedConfig, load_config_text, load_default_config
 from epick.sim.engine import EngineConfig
 from epick.simulate.epick_policy import EpickPolicy
 from epick.simulate.fleet import Fleet, Poisson
@@ -27,11 +32,7 @@ from epick.simulate.workloads import build_workload
 
 def run(policy: str, n: int, stepped: bool) -> tuple[float, float]:
     workload = build_workload("sharegpt-like", {"n": n})
-    config = (
-        load_default_config(seed=1)
-        if policy == "default"
-        else load_config_text(CONFIG_POLICIES[policy], seed=1)
-    )
+    config = _config(policy)
     engine = dataclasses.replace(EngineConfig(), cache_output_blocks=workload.reuses_outputs)  # as the CLI
     fleet = Fleet(64, engine, EpickPolicy(policy, config), stepped=stepped)
     start = time.perf_counter()
@@ -71,6 +72,57 @@ def main() -> None:
             f"{makespan:.1f}",
         )
     Console().print(table)
+    Console().print(by_workload(n))
+
+
+WORKLOADS = (
+    ("sharegpt-like", {"n": 10_000}),
+    ("lora-mix", {"n": 10_000}),
+    ("shared-prefix", {"groups": 64, "prompts-per-group": 64}),
+    ("long-doc-qa", {}),
+)
+
+
+def by_workload(n: int) -> Table:
+    table = Table(title=f"by workload: 64 servers, up to {n:,} requests at 400/s, generated beforehand")
+    for col in ("workload", "mean prompt tokens", "generation (µs/request)", "policy", "requests/s", "ratio"):
+        table.add_column(col, justify="right")
+    baseline: dict[str, float] = {}
+    for kind, params in WORKLOADS:
+        workload = build_workload(kind, params)
+        start = time.perf_counter()
+        specs = list(itertools.islice(workload.requests(random.Random(1)), n))
+        generation = (time.perf_counter() - start) / len(specs)
+        prompt = sum(len(s.tokens) for s in specs) / len(specs)
+        lora_ids = {name: i + 1 for i, name in enumerate(workload.adapter_names)}
+        engine = dataclasses.replace(EngineConfig(), cache_output_blocks=workload.reuses_outputs, max_loras=4)
+        for policy in ("round-robin", "default"):
+            fleet = Fleet(
+                64,
+                engine,
+                EpickPolicy(policy, _config(policy)),
+                output_plan=workload.output_plan,
+                lora_ids=lora_ids,
+            )
+            start = time.perf_counter()
+            fleet.run(iter(specs), Poisson(400.0), random.Random(2))
+            rate = len(specs) / (time.perf_counter() - start)
+            base = baseline.setdefault(policy, rate)
+            table.add_row(
+                kind,
+                f"{prompt:,.0f}",
+                f"{generation * 1e6:.0f}",
+                policy,
+                f"{rate:,.0f}",
+                f"{rate / base:.2f}",
+            )
+    return table
+
+
+def _config(policy: str) -> LoadedConfig:
+    if policy == "default":
+        return load_default_config(seed=1)
+    return load_config_text(CONFIG_POLICIES[policy], seed=1)
 
 
 if __name__ == "__main__":

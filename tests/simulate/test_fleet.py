@@ -190,3 +190,13 @@ def test_a_request_that_fits_the_prefill_server_but_not_the_decode_server_fails_
     (record,) = fleet.run([spec], Poisson(5.0), random.Random(1)).records
     assert record.prefill_server == 0 and record.failed is not None and "KV blocks" in record.failed
     assert all(v.in_flight == 0 for v in fleet.views)
+
+
+def test_policies_that_read_no_metrics_are_not_scraped_for() -> None:
+    rr = EpickPolicy("rr", load_config_file(CONFIGS / "round-robin.yaml", seed=1))
+    default = EpickPolicy("default", load_default_config(seed=1))
+    assert not rr.reads_metrics and default.reads_metrics
+    for policy, scraped in ((rr, False), (default, True)):
+        fleet = Fleet(2, ENGINE, policy)
+        fleet.run(shared_prefix(20), Poisson(50.0), random.Random(1))
+        assert (fleet.views[0].epoch > 0) is scraped
