@@ -410,3 +410,9 @@ def test_workload_parameters() -> None:
 def test_build_workload_errors(kind: str, params: dict[str, str | int | float], message: str) -> None:
     with pytest.raises(WorkloadError, match=message):
         build_workload(kind, params)
+
+
+def test_text_of_a_token_outside_the_vocabulary_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="token ids must be between 0 and 65535"):
+        vocab.text((1, vocab.VOCAB_SIZE))
+    assert vocab.text(()) == "" and vocab.text((0, 1)) == f"{vocab.word(0)} {vocab.word(1)}"

@@ -41,5 +41,8 @@ def text(tokens: Sequence[int]) -> str:
     if isinstance(tokens, array) and tokens.typecode == "H":
         ids = np.frombuffer(tokens, dtype=np.uint16)
     else:
-        ids = np.fromiter(tokens, dtype=np.uint16, count=len(tokens))  # OverflowError past the vocabulary
+        try:
+            ids = np.fromiter(tokens, dtype=np.uint16, count=len(tokens))
+        except OverflowError:
+            raise ValueError(f"token ids must be between 0 and {VOCAB_SIZE - 1}") from None
     return _TABLE.take(ids).tobytes()[:-1].decode("ascii")
