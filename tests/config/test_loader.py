@@ -365,7 +365,7 @@ def test_two_instances_of_one_type_under_different_names() -> None:
     assert isinstance(decode, PrefixCacheScorer)
     assert isinstance(prefill, PrefixCacheScorer)
     assert decode is not prefill
-    assert (decode.block_size_tokens, prefill.block_size_tokens) == (16, 64)
+    assert (decode.block_bytes, prefill.block_bytes) == (16 * 4, 64 * 4)
     assert (decode.index.capacity, prefill.index.capacity) == (31250, 100)
     assert config.scheduler.profiles["decode"].scorers[0].scorer is decode
     assert config.scheduler.profiles["prefill"].scorers[0].scorer is prefill

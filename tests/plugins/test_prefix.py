@@ -30,7 +30,7 @@ from tests.builders import make_endpoint, make_request
 
 def hashes(text: str, model: str = "m", *, bst: int = 1, max_blocks: int = 256, salt: str = "") -> list[int]:
     """Block hashes with `bst` tokens per block (bst * 4 bytes)."""
-    return prompt_block_hashes(text, model, block_size_tokens=bst, max_blocks=max_blocks, cache_salt=salt)
+    return prompt_block_hashes(text, model, block_bytes=bst * 4, max_blocks=max_blocks, cache_salt=salt)
 
 
 def result_of(*profiles: tuple[str, Sequence[Endpoint]]) -> SchedulingResult:
@@ -327,7 +327,7 @@ def test_prefix_scorer_leaves_its_match_in_the_cycle_state() -> None:
     match = cycle_state.read(state_key(scorer), PrefixMatch)
     assert match is not None
     assert match.total_blocks == 5
-    assert match.block_size_tokens == 2
+    assert match.block_bytes == 8
     assert dict(match.matched) == {"a": 3}
     # cached tokens = matched blocks * block size: a 3 * 2 = 6, b 0
     assert match.cached_tokens("a") == 6
@@ -408,3 +408,22 @@ def test_prefix_cache_parameters() -> None:
         PrefixCacheParameters.model_validate({"blockSizeTokens": 0})
     with pytest.raises(ValidationError):
         PrefixCacheParameters.model_validate({"blockSize": 16})  # unknown key
+
+
+def test_hash_block_size_gives_the_block_in_bytes() -> None:
+    """GIE's older `hashBlockSize` (bytes per block), as llm-d's P/D configs still write it."""
+    params = PrefixCacheParameters.model_validate({"hashBlockSize": 5})
+    assert params.block_bytes() == 5
+    assert PrefixCacheParameters().block_bytes() == 64  # 16 tokens of 4 bytes
+    scorer = PrefixCacheScorer(block_bytes=5)
+    a, b = make_endpoint("a"), make_endpoint("b")
+    record(scorer, make_request("x" * 10), a)  # blocks of 5 bytes: 2 on a
+    cycle_state = CycleState()
+    assert scorer.score(make_request("x" * 10 + "y" * 5), cycle_state, [a, b]) == [2 / 3, 0.0]
+    match = cycle_state.read(state_key(scorer), PrefixMatch)
+    assert match is not None
+    assert (match.cached_bytes("a"), match.cached_tokens("a")) == (10, 2)
+    with pytest.raises(ValidationError, match="not both"):
+        PrefixCacheParameters.model_validate({"hashBlockSize": 64, "blockSizeTokens": 16})
+    with pytest.raises(ValidationError):
+        PrefixCacheParameters.model_validate({"hashBlockSize": 0})

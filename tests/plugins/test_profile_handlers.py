@@ -222,7 +222,8 @@ def cycle_with_match(
     matched: dict[str, int], total_blocks: int, plugin: str = "prefix-cache-scorer"
 ) -> CycleState:
     cycle_state = CycleState()
-    cycle_state.write(f"{plugin}/prefix-cache-scorer", PrefixMatch(total_blocks, 16, matched))
+    # blocks of 64 bytes (16 tokens)
+    cycle_state.write(f"{plugin}/prefix-cache-scorer", PrefixMatch(total_blocks, 64, matched))
     return cycle_state
 
 
@@ -271,7 +272,7 @@ def test_prefix_based_decider_without_a_prefix_match_says_no() -> None:
 def test_prefix_based_decider_reads_the_named_prefix_scorer() -> None:
     request = make_request("x" * 640)  # 160 tokens
     cycle_state = cycle_with_match({"d": 10}, 10, plugin="decode-prefix")  # all cached per decode-prefix
-    cycle_state.write("prefill-prefix/prefix-cache-scorer", PrefixMatch(10, 16, {}))  # nothing per this one
+    cycle_state.write("prefill-prefix/prefix-cache-scorer", PrefixMatch(10, 64, {}))  # nothing per this one
     assert (
         PrefixBasedDecider(non_cached_tokens=100, prefix_plugin_name="decode-prefix").disaggregate(
             request, cycle_state, make_endpoint("d")

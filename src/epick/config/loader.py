@@ -43,6 +43,8 @@ from epick.framework import (
     WeightedScorer,
 )
 from epick.plugins.filters.utilization import UtilizationDetector, UtilizationParameters
+from epick.plugins.prerequest.prefill_header import PrefillHeaderHandler
+from epick.plugins.profile.disagg import DEFAULT_PREFILL_PROFILE, DisaggProfileHandler
 from epick.plugins.profile.requirements import NeedsProfiles
 from epick.plugins.registry import ParameterError, Registry
 
@@ -79,6 +81,18 @@ class LoadedConfig:
     hooks: RequestHooks
     saturation_detector: UtilizationDetector
     warnings: list[str]
+
+    @property
+    def prefill_profile(self) -> str:
+        """The profile whose target prefills a disaggregated request (`x-prefiller-host-port`): as a
+        prefill-header-handler names it, else the P/D profile handler's, else "prefill"."""
+        for plugin in self.plugins.values():
+            if isinstance(plugin, PrefillHeaderHandler):
+                return plugin.prefill_profile
+        handler = self.scheduler.handler
+        if isinstance(handler, DisaggProfileHandler):
+            return handler.prefill_profile
+        return DEFAULT_PREFILL_PROFILE
 
     def summary(self) -> list[str]:
         """One line per profile, then the handler: what `epick check-config` prints."""

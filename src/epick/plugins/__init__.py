@@ -3,7 +3,8 @@
 from epick.plugins.filters import label_selector, role, utilization
 from epick.plugins.pickers import max_score, random_picker, round_robin, weighted_random
 from epick.plugins.prefix import scorer as prefix_scorer
-from epick.plugins.profile import deciders, disagg, shadow, single
+from epick.plugins.prerequest import prefill_header
+from epick.plugins.profile import deciders, disagg, pd, shadow, single
 from epick.plugins.registry import PluginSpec, Registry
 from epick.plugins.scorers import (
     active_request,
@@ -39,9 +40,12 @@ def in_tree_plugins() -> list[PluginSpec]:
         utilization.SPEC,
         single.SPEC,
         disagg.SPEC,
+        pd.SPEC,
         shadow.SPEC,
         deciders.PREFIX_SPEC,
         deciders.ALWAYS_SPEC,
+        prefill_header.SPEC,
+        prefill_header.ALIAS_SPEC,
     ]
 
 

@@ -11,6 +11,7 @@ answer again.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -137,7 +138,7 @@ class Proxy:
                     result = self.director.schedule(decision.request, exclude=frozenset(tried))
                 except RequestError:
                     break
-                decision = Decision(decision.request, result, decision.body, decision.client_model)
+                decision = dataclasses.replace(decision, result=result)
                 targets = list(result.targets)
         if last.body:
             return web.Response(status=last.status, body=last.body, content_type="application/json")

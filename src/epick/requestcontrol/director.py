@@ -30,6 +30,7 @@ from epick.framework import (
     SchedulingResult,
 )
 from epick.framework.request import RequestKind
+from epick.plugins.profile.disagg import DEFAULT_PREFILL_PROFILE
 from epick.requestcontrol import errors
 from epick.requestcontrol.errors import RequestError
 
@@ -42,7 +43,6 @@ DESTINATION_HEADER = "x-gateway-destination-endpoint"
 PREFILL_HEADER = "x-prefiller-host-port"
 REQUEST_ID_HEADER = "x-request-id"
 CONTROL_HEADERS = frozenset({OBJECTIVE_HEADER, FAIRNESS_HEADER, MODEL_REWRITE_HEADER, DESTINATION_HEADER})
-PREFILL_PROFILE = "prefill"
 
 
 @dataclass(slots=True)
@@ -51,6 +51,7 @@ class Decision:
     result: SchedulingResult
     body: bytes  # what to forward: the client's body, or re-encoded after a model rewrite
     client_model: str = ""  # the model the client asked for, before any rewrite
+    prefill_profile: str = DEFAULT_PREFILL_PROFILE  # the config's (LoadedConfig.prefill_profile)
 
     @property
     def targets(self) -> tuple[Endpoint, ...]:
@@ -58,11 +59,16 @@ class Decision:
 
     @property
     def prefill(self) -> Endpoint | None:
-        """The prefill endpoint when the decision disaggregates (the `prefill` profile ran)."""
-        r = self.result.profile_results.get(PREFILL_PROFILE)
-        if r is None or self.result.primary_profile == PREFILL_PROFILE:
-            return None
-        return r.targets[0]
+        """The prefill endpoint when the decision disaggregates (the prefill profile ran)."""
+        return prefill_target(self.result, self.prefill_profile)
+
+
+def prefill_target(result: SchedulingResult, prefill_profile: str) -> Endpoint | None:
+    """The target of `prefill_profile` in a decision where it ran beside the primary profile."""
+    r = result.profile_results.get(prefill_profile)
+    if r is None or not r.targets or result.primary_profile == prefill_profile:
+        return None
+    return r.targets[0]
 
 
 class Observer:
@@ -148,7 +154,7 @@ class Director:
         except RequestError as e:
             self.observer.error(client_model, model, e.code)
             raise
-        return Decision(request, result, body, client_model)
+        return Decision(request, result, body, client_model, self.config.prefill_profile)
 
     def schedule(self, request: InferenceRequest, exclude: frozenset[str] = frozenset()) -> SchedulingResult:
         snapshot = self.datastore.snapshot()

@@ -34,7 +34,7 @@ from epick.plugins.scorers.queue import QueueScorer
 from epick.plugins.scorers.running_requests import RunningRequestsSizeScorer
 from epick.plugins.scorers.session_affinity import SessionAffinityScorer
 from epick.plugins.scorers.token_load import TokenLoadScorer
-from epick.requestcontrol.director import PREFILL_PROFILE
+from epick.requestcontrol.director import prefill_target
 from epick.simulate.types import ServerView, SimRequestSpec
 
 # In-tree plugins that never read the prompt text (the token-load scorer and the prefix-based decider
@@ -91,6 +91,7 @@ class EpickPolicy:
         self._snapshot_key: tuple[object, ...] = ()
         self._requests: dict[str, tuple[InferenceRequest, Endpoint]] = {}
         self._prefill: int | None = None  # the prefill server of the request routed last
+        self._prefill_profile = config.prefill_profile
         self.errors = 0
 
     def _candidates(self, servers: Sequence[ServerView]) -> tuple[Endpoint, ...]:
@@ -143,11 +144,11 @@ class EpickPolicy:
             hook.pre_request(req, result)
         target = result.targets[0]
         self._requests[request.request_id] = (req, target)
-        # Disaggregated, as the service reads a decision: the `prefill` profile's target computes the
+        # Disaggregated, as the service reads a decision: the prefill profile's target computes the
         # prompt when that profile ran and is not the primary.
-        prefill = result.profile_results.get(PREFILL_PROFILE)
-        if prefill is not None and prefill.targets and result.primary_profile != PREFILL_PROFILE:
-            self._prefill = int(prefill.targets[0].port) - 8000
+        prefill = prefill_target(result, self._prefill_profile)
+        if prefill is not None:
+            self._prefill = int(prefill.port) - 8000
         return int(target.port) - 8000
 
     def prefill_server(self, request: SimRequestSpec) -> int | None:

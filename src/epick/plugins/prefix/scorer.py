@@ -1,6 +1,8 @@
 """`prefix-cache-scorer`: prefer the endpoint most likely to hold the prompt's prefix in its KV cache.
 
-score = matched blocks / prompt blocks (0 for an empty prompt), from the approximate index. The
+score = matched blocks / prompt blocks (0 for an empty prompt), from the approximate index. A block
+is `blockSizeTokens` × 4 bytes of the prompt; GIE's older parameter `hashBlockSize` gives its size in
+bytes directly (llm-d's P/D configs still use it), and the two cannot be mixed. The
 index learns in `PreRequest`: the prompt's blocks are recorded for the first target of every
 profile result acted on (decode and prefill in P/D; never a shadow profile's). The match found
 while scoring is left in the cycle state (`PrefixMatch`) for deciders such as
@@ -13,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from epick.framework import (
     CycleState,
@@ -23,6 +25,7 @@ from epick.framework import (
     SchedulingResult,
     state_key,
 )
+from epick.framework.request import CHARS_PER_TOKEN
 from epick.plugins.prefix.hashing import prompt_block_hashes
 from epick.plugins.prefix.index import PrefixIndex
 from epick.plugins.registry import Handle, Parameters, PluginSpec
@@ -35,8 +38,23 @@ class PrefixCacheParameters(Parameters):
     block_size_tokens: int = Field(default=16, gt=0)
     max_prefix_blocks_to_match: int = Field(default=256, gt=0)
     lru_capacity_per_server: int = Field(default=31250, gt=0)
+    # GIE up to v1.0: the block size in bytes (characters) instead of tokens.
+    hash_block_size: int | None = Field(default=None, gt=0)
     # Accepted for compatibility with Go EPP files; epick sizes blocks from the parameters above.
     auto_tune: bool = False
+
+    @model_validator(mode="after")
+    def _one_block_size(self) -> PrefixCacheParameters:
+        if self.hash_block_size is not None and "block_size_tokens" in self.model_fields_set:
+            raise ValueError(
+                "give the block size once: blockSizeTokens (tokens) or hashBlockSize (bytes), not both"
+            )
+        return self
+
+    def block_bytes(self) -> int:
+        if self.hash_block_size is not None:
+            return self.hash_block_size
+        return self.block_size_tokens * CHARS_PER_TOKEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,12 +62,15 @@ class PrefixMatch:
     """What the scorer found for this request: blocks matched per endpoint name."""
 
     total_blocks: int
-    block_size_tokens: int
+    block_bytes: int
     matched: Mapping[str, int]
     hashes: list[int] = field(default_factory=list, repr=False)
 
+    def cached_bytes(self, endpoint: str) -> int:
+        return self.matched.get(endpoint, 0) * self.block_bytes
+
     def cached_tokens(self, endpoint: str) -> int:
-        return self.matched.get(endpoint, 0) * self.block_size_tokens
+        return self.cached_bytes(endpoint) // CHARS_PER_TOKEN
 
 
 class PrefixCacheScorer(NamedPlugin):
@@ -61,9 +82,11 @@ class PrefixCacheScorer(NamedPlugin):
         block_size_tokens: int = 16,
         max_prefix_blocks_to_match: int = 256,
         lru_capacity_per_server: int = 31250,
+        *,
+        block_bytes: int | None = None,  # instead of block_size_tokens: GIE's older hashBlockSize
     ) -> None:
         super().__init__(name)
-        self.block_size_tokens = block_size_tokens
+        self.block_bytes = block_bytes if block_bytes is not None else block_size_tokens * CHARS_PER_TOKEN
         self.max_blocks = max_prefix_blocks_to_match
         self.index = PrefixIndex(lru_capacity_per_server)
         self._recent: OrderedDict[str, tuple[InferenceRequest, PrefixMatch]] = OrderedDict()
@@ -76,7 +99,7 @@ class PrefixCacheScorer(NamedPlugin):
         return prompt_block_hashes(
             request.body.prefix_text,
             request.target_model,
-            block_size_tokens=self.block_size_tokens,
+            block_bytes=self.block_bytes,
             max_blocks=self.max_blocks,
             cache_salt=request.body.cache_salt,
         )
@@ -87,7 +110,7 @@ class PrefixCacheScorer(NamedPlugin):
         if recent is not None and recent[0] is request:
             return recent[1]
         hashes = self.hashes(request)
-        found = PrefixMatch(len(hashes), self.block_size_tokens, self.index.match(hashes), hashes)
+        found = PrefixMatch(len(hashes), self.block_bytes, self.index.match(hashes), hashes)
         self._recent[request.request_id] = (request, found)
         if len(self._recent) > _REMEMBERED_REQUESTS:
             self._recent.popitem(last=False)
@@ -137,7 +160,11 @@ def find_prefix_match(cycle_state: CycleState, plugin_name: str | None = None) -
 
 def _factory(name: str, params: PrefixCacheParameters, handle: Handle) -> PrefixCacheScorer:
     return PrefixCacheScorer(
-        name, params.block_size_tokens, params.max_prefix_blocks_to_match, params.lru_capacity_per_server
+        name,
+        params.block_size_tokens,
+        params.max_prefix_blocks_to_match,
+        params.lru_capacity_per_server,
+        block_bytes=params.block_bytes(),
     )
 
 

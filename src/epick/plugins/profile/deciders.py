@@ -21,9 +21,15 @@ PREFIX_TYPE = "prefix-based-pd-decider"
 ALWAYS_TYPE = "always-disagg-pd-decider"
 
 
-@runtime_checkable
-class PDDecider(Plugin, Protocol):
+class DisaggregationRule(Protocol):
+    """Whether to prefill this request elsewhere, given the decode endpoint chosen for it."""
+
     def disaggregate(self, request: InferenceRequest, cycle_state: CycleState, decode: Endpoint) -> bool: ...
+
+
+@runtime_checkable
+class PDDecider(Plugin, DisaggregationRule, Protocol):
+    """A P/D decider plugin: a rule a config names."""
 
 
 class AlwaysDisaggDecider(NamedPlugin):

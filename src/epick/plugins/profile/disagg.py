@@ -22,10 +22,11 @@ from epick.framework import (
     SchedulingError,
     SchedulingResult,
 )
-from epick.plugins.profile.deciders import PDDecider
+from epick.plugins.profile.deciders import DisaggregationRule, PDDecider
 from epick.plugins.registry import Handle, ParameterError, Parameters, PluginSpec
 
 TYPE = "disagg-profile-handler"
+DEFAULT_PREFILL_PROFILE = "prefill"
 
 
 class DisaggProfiles(Parameters):
@@ -80,7 +81,7 @@ class DisaggProfileHandler(NamedPlugin):
         name: str | None = None,
         decode_profile: str = "decode",
         prefill_profile: str = "prefill",
-        decider: PDDecider | None = None,
+        decider: DisaggregationRule | None = None,
     ) -> None:
         super().__init__(name)
         self.decode_profile = decode_profile

@@ -1,0 +1,47 @@
+"""`prefill-header-handler` (llm-d; `disagg-headers-handler` in its later releases): which profile's
+target goes to the decode endpoint in header `x-prefiller-host-port`.
+
+In llm-d this PreRequest plugin is what sets the header. epick's front ends always set it when a
+decision disaggregates, naming the target of the profile handler's prefill profile; the plugin, when
+configured, names that profile instead (`prefillProfile`, default "prefill"). `encodeProfile` is
+accepted for llm-d's files; epick has no encode stage.
+"""
+
+from __future__ import annotations
+
+from epick.framework import NamedPlugin
+from epick.plugins.registry import Handle, Parameters, PluginSpec
+
+TYPE = "prefill-header-handler"
+ALIAS_TYPE = "disagg-headers-handler"
+
+
+class PrefillHeaderParameters(Parameters):
+    prefill_profile: str = "prefill"
+    encode_profile: str = "encode"
+
+
+class PrefillHeaderHandler(NamedPlugin):
+    plugin_type = TYPE
+
+    def __init__(self, name: str | None = None, prefill_profile: str = "prefill") -> None:
+        super().__init__(name)
+        self.prefill_profile = prefill_profile
+
+
+class DisaggHeadersHandler(PrefillHeaderHandler):
+    plugin_type = ALIAS_TYPE
+
+
+def _factory(name: str, params: PrefillHeaderParameters, handle: Handle) -> PrefillHeaderHandler:
+    return PrefillHeaderHandler(name, params.prefill_profile)
+
+
+def _alias(name: str, params: PrefillHeaderParameters, handle: Handle) -> PrefillHeaderHandler:
+    return DisaggHeadersHandler(name, params.prefill_profile)
+
+
+SPEC = PluginSpec(TYPE, _factory, PrefillHeaderParameters, "names the profile sent as x-prefiller-host-port")
+ALIAS_SPEC = PluginSpec(
+    ALIAS_TYPE, _alias, PrefillHeaderParameters, "llm-d's later name for prefill-header-handler"
+)
