@@ -46,6 +46,7 @@ from epick.plugins.scorers.active_request import ActiveRequestScorer
 from epick.plugins.scorers.kv_cache import KVCacheUtilizationScorer
 from epick.plugins.scorers.load_aware import LoadAwareScorer
 from epick.plugins.scorers.lora_affinity import LoraAffinityScorer
+from epick.plugins.scorers.no_hit_lru import NoHitLruScorer
 from epick.plugins.scorers.queue import QueueScorer
 from epick.plugins.scorers.running_requests import RunningRequestsSizeScorer
 from epick.plugins.scorers.session_affinity import SESSION_HEADER, SessionAffinityScorer, session_token
@@ -144,6 +145,7 @@ def every_scorer(clock: FakeClock) -> list[Any]:
         KVCacheUtilizationScorer(),
         LoraAffinityScorer(),
         PrefixCacheScorer(block_size_tokens=1, lru_capacity_per_server=20),
+        NoHitLruScorer(lru_size=3),  # after the prefix scorer, whose match it reads
         LoadAwareScorer(threshold=16),
         ActiveRequestScorer(request_timeout=5.0, clock=clock),
         SessionAffinityScorer(),
@@ -214,7 +216,7 @@ def test_scores_are_in_unit_interval_for_valid_metrics(
 @given(
     request=requests(),
     endpoints=endpoint_lists(wild=True),
-    weights=st.lists(st.floats(0.0, 10.0), min_size=9, max_size=9),
+    weights=st.lists(st.floats(0.0, 10.0), min_size=10, max_size=10),
     seed=st.integers(0, 2**16),
 )
 def test_scores_after_the_runtime_clamps_are_in_unit_interval(

@@ -22,6 +22,7 @@ from epick.plugins.pickers.random_picker import RandomPicker
 from epick.plugins.pickers.round_robin import RoundRobinPicker
 from epick.plugins.pickers.weighted_random import WeightedRandomPicker
 from epick.plugins.prefix.scorer import PrefixCacheScorer
+from epick.plugins.prerequest.prefill_header import PrefillHeaderHandler
 from epick.plugins.profile.deciders import AlwaysDisaggDecider, PrefixBasedDecider
 from epick.plugins.profile.disagg import DisaggProfileHandler
 from epick.plugins.profile.shadow import ShadowProfileHandler
@@ -30,6 +31,7 @@ from epick.plugins.scorers.active_request import ActiveRequestScorer
 from epick.plugins.scorers.kv_cache import KVCacheUtilizationScorer
 from epick.plugins.scorers.load_aware import LoadAwareScorer
 from epick.plugins.scorers.lora_affinity import LoraAffinityScorer
+from epick.plugins.scorers.no_hit_lru import NoHitLruScorer
 from epick.plugins.scorers.queue import QueueScorer
 from epick.plugins.scorers.running_requests import RunningRequestsSizeScorer
 from epick.plugins.scorers.session_affinity import SessionAffinityScorer
@@ -48,6 +50,8 @@ TEXT_BLIND = (
     LoadAwareScorer,
     LoraAffinityScorer,
     MaxScorePicker,
+    NoHitLruScorer,
+    PrefillHeaderHandler,
     QueueScorer,
     RandomPicker,
     RoleFilter,
@@ -67,6 +71,8 @@ METRICS_BLIND = (
     DisaggProfileHandler,
     LabelSelectorFilter,
     MaxScorePicker,
+    NoHitLruScorer,
+    PrefillHeaderHandler,
     PrefixBasedDecider,
     PrefixCacheScorer,
     RandomPicker,

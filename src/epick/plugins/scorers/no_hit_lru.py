@@ -1,0 +1,97 @@
+"""`no-hit-lru-scorer` (llm-d): spread cold requests, which fill caches fastest, over the endpoints.
+
+A request is cold when the prefix scorer (`prefixPluginName`, default `prefix-cache-scorer`) found
+no endpoint holding any of its blocks in this cycle, or left no match at all (it must come before
+this scorer in the profile). A warm request scores 0.5 everywhere. For a cold one, endpoints are
+ranked by when they last received a cold request: first those that never did (in candidate order),
+then the rest from least to most recent; rank r of n scores max(0, 1 − r / (n − 1)), a single
+endpoint 1. The order is kept in PreRequest for the primary target and the `prefillProfile`
+(default prefill) target of cold requests, over at most `lruSize` (1024) endpoints.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from pydantic import Field
+
+from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, SchedulingResult
+from epick.plugins.prefix.scorer import TYPE as PREFIX_TYPE
+from epick.plugins.prefix.scorer import find_prefix_match
+from epick.plugins.registry import Handle, Parameters, PluginSpec
+
+TYPE = "no-hit-lru-scorer"
+_REMEMBERED_REQUESTS = 1024  # cold flags kept between scoring and PreRequest
+
+
+class NoHitLruParameters(Parameters):
+    prefix_plugin_name: str = PREFIX_TYPE
+    prefill_profile: str = "prefill"
+    lru_size: int = Field(default=1024, gt=0)
+
+
+class NoHitLruScorer(NamedPlugin):
+    plugin_type = TYPE
+
+    def __init__(
+        self,
+        name: str | None = None,
+        prefix_plugin_name: str = PREFIX_TYPE,
+        prefill_profile: str = "prefill",
+        lru_size: int = 1024,
+    ) -> None:
+        super().__init__(name)
+        self.prefix_plugin_name = prefix_plugin_name
+        self.prefill_profile = prefill_profile
+        self.lru_size = lru_size
+        self._lru: OrderedDict[str, None] = OrderedDict()  # endpoint names, least recent first
+        self._cold: OrderedDict[str, bool] = OrderedDict()  # request id -> cold, until PreRequest
+
+    def score(
+        self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> list[float]:
+        match = find_prefix_match(cycle_state, self.prefix_plugin_name)
+        cold = match is None or not match.matched
+        self._cold[request.request_id] = cold
+        if len(self._cold) > _REMEMBERED_REQUESTS:
+            self._cold.popitem(last=False)
+        if not cold:
+            return [0.5] * len(endpoints)
+        n = len(endpoints)
+        if n == 1:
+            return [1.0]
+        position = {name: i for i, name in enumerate(self._lru)}
+        never = sum(1 for ep in endpoints if ep.name not in position)
+        scores = []
+        fresh = 0
+        for ep in endpoints:
+            pos = position.get(ep.name)
+            if pos is None:
+                rank = fresh
+                fresh += 1
+            else:
+                rank = never + pos
+            scores.append(max(0.0, 1.0 - rank / (n - 1)))
+        return scores
+
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        if not self._cold.pop(request.request_id, False):
+            return
+        for profile in (result.primary_profile, self.prefill_profile):
+            r = result.profile_results.get(profile)
+            if r is not None and r.targets:
+                self._used(r.targets[0].name)
+
+    def _used(self, name: str) -> None:
+        self._lru.pop(name, None)
+        self._lru[name] = None
+        if len(self._lru) > self.lru_size:
+            self._lru.popitem(last=False)
+
+
+def _factory(name: str, params: NoHitLruParameters, handle: Handle) -> NoHitLruScorer:
+    return NoHitLruScorer(name, params.prefix_plugin_name, params.prefill_profile, params.lru_size)
+
+
+SPEC = PluginSpec(TYPE, _factory, NoHitLruParameters, "cold requests to endpoints least recently given one")
