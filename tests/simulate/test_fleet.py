@@ -93,6 +93,50 @@ def test_a_later_turn_waits_for_the_earlier_one_and_its_think_time() -> None:
     assert by_id["t2"].arrival == pytest.approx(by_id["t1"].finish + 2.5)
 
 
+def sessions(count: int, turns: int, think: float) -> Iterator[SimRequestSpec]:
+    """Sessions one after another, as the multi-turn workload yields them: turn 0 first."""
+    for s in range(count):
+        for t in range(turns):
+            tokens = tuple(range(1, 10 * (t + 1)))
+            after = f"s{s}-t{t - 1}" if t else None
+            yield SimRequestSpec(f"s{s}-t{t}", "x", tokens, 3, session=f"s{s}", after=after, think_time=think)
+
+
+@pytest.mark.parametrize("concurrency", [1, 2, 5])
+def test_closed_loop_runs_every_turn_of_every_session(concurrency: int) -> None:
+    """A later turn read after its earlier turn finished starts then (it used to wait forever)."""
+
+    class Watch(FirstServer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.max_in_flight = 0
+
+        def route(self, request: SimRequestSpec, servers: Sequence[ServerView], now: float) -> int:
+            self.max_in_flight = max(self.max_in_flight, sum(v.in_flight for v in servers) + 1)
+            return 0
+
+    policy = Watch()
+    result = Fleet(2, ENGINE, policy).run(sessions(6, 4, 0.5), ClosedLoop(concurrency), random.Random(0))
+    assert [r.failed for r in result.records if r.failed] == []
+    assert len(result.records) == 24
+    assert policy.max_in_flight <= concurrency
+    by_id = {r.request_id: r for r in result.records}
+    for s in range(6):
+        for t in range(1, 4):
+            earlier, later = by_id[f"s{s}-t{t - 1}"], by_id[f"s{s}-t{t}"]
+            assert earlier.finish is not None
+            assert later.arrival == pytest.approx(earlier.finish + 0.5)
+    if concurrency == 1:  # one session at a time: a session's turns run before the next session starts
+        order = sorted(result.records, key=lambda r: r.arrival)
+        assert [r.request_id for r in order] == [f"s{s}-t{t}" for s in range(6) for t in range(4)]
+
+
+def test_poisson_runs_every_turn_of_sessions_read_late() -> None:
+    result = Fleet(2, ENGINE, FirstServer()).run(sessions(5, 3, 0.2), Poisson(0.5), random.Random(0))
+    assert [r for r in result.records if r.failed] == []
+    assert len(result.records) == 15
+
+
 def test_prefix_affinity_beats_round_robin_on_hits() -> None:
     default = run_default(3, n=80)
     rr = Fleet(4, ENGINE, EpickPolicy("rr", load_config_file(CONFIGS / "round-robin.yaml", seed=3))).run(

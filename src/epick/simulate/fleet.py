@@ -341,21 +341,29 @@ class Fleet:
                     self._done(data, clock)
         return clock
 
-    def _next_first(self) -> SimRequestSpec | None:
-        """The next request that waits for no other; those that do are set aside for their turn."""
+    def _next_first(self) -> tuple[SimRequestSpec, float] | None:
+        """The next request that waits for no other, or a later turn whose earlier turn is done
+        already, with the time it may start (a later turn: the earlier one's finish plus its think
+        time). A later turn whose earlier turn is still to finish is set aside for it."""
         for spec in self._source:
             if spec.after is None:
-                return spec
+                return spec, 0.0
+            earlier = self._records.get(spec.after)
+            if earlier is not None and earlier.finish is not None:
+                return spec, earlier.finish + spec.think_time
             self._followers.setdefault(spec.after, []).append(spec)
         return None
 
     def _schedule_next_first(self, now: float) -> None:
-        spec = self._next_first()
-        if spec is None:
-            return
         assert isinstance(self._arrivals, Poisson)
-        at = spec.arrival if spec.arrival is not None else now + self._rng.expovariate(self._arrivals.qps)
-        self._push(max(at, now), _ARRIVE, spec)
+        while (item := self._next_first()) is not None:
+            spec, release = item
+            if spec.after is not None:  # a released later turn: it does not pace the arrivals
+                self._push(max(release, now), _ARRIVE, spec)
+                continue
+            at = spec.arrival if spec.arrival is not None else now + self._rng.expovariate(self._arrivals.qps)
+            self._push(max(at, now), _ARRIVE, spec)
+            return
 
     def _done(self, spec: SimRequestSpec, now: float) -> None:
         if self.progress is not None:
@@ -370,11 +378,13 @@ class Fleet:
     def _refill(self, now: float) -> None:
         assert isinstance(self._arrivals, ClosedLoop)
         while self._occupied < self._arrivals.concurrency:
-            spec = self._next_first()
-            if spec is None:
+            item = self._next_first()
+            if item is None:
                 return
-            self._occupied += 1
-            self._push(max(now, spec.arrival or 0.0), _ARRIVE, spec)
+            spec, release = item
+            self._occupied += 1  # a session's later turns keep its place
+            start = release if spec.after is not None else (spec.arrival or 0.0)
+            self._push(max(now, start), _ARRIVE, spec)
 
     def _result(self, clock: float) -> FleetResult:
         records = list(self._records.values())
