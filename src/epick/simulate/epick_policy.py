@@ -37,7 +37,7 @@ from epick.plugins.scorers.running_requests import RunningRequestsSizeScorer
 from epick.plugins.scorers.session_affinity import SessionAffinityScorer
 from epick.plugins.scorers.token_load import TokenLoadScorer
 from epick.requestcontrol.director import prefill_target
-from epick.simulate.types import ServerView, SimRequestSpec
+from epick.simulate.types import RefusedError, ServerView, SimRequestSpec
 
 # In-tree plugins that never read the prompt text (the token-load scorer and the prefix-based decider
 # read only its length, which the estimate below gives).
@@ -98,7 +98,7 @@ class EpickPolicy:
         self._requests: dict[str, tuple[InferenceRequest, Endpoint]] = {}
         self._prefill: int | None = None  # the prefill server of the request routed last
         self._prefill_profile = config.prefill_profile
-        self.errors = 0
+        self._session_headers: dict[str, dict[str, str]] = {}  # per session: from its last response
 
     def _candidates(self, servers: Sequence[ServerView]) -> tuple[Endpoint, ...]:
         if not self.reads_metrics:
@@ -137,15 +137,16 @@ class EpickPolicy:
         else:
             estimate = len(request.tokens) * CHARS_PER_TOKEN  # what the text's length would be
             body = RequestBody(kind="completion", prefix_bytes=estimate)
-        req = InferenceRequest(request.model, body, request.request_id)
+        # The client sends back what the last response of its session told it to (a session token).
+        headers = self._session_headers.get(request.session, {}) if request.session else {}
+        req = InferenceRequest(request.model, body, request.request_id, headers)
         candidates = self._candidates(servers)
         try:
             result = self.config.scheduler.schedule(req, candidates)
-        except SchedulingError:
-            # Nothing fits (every endpoint filtered): a gateway would answer 429; the fleet sends it
-            # to the least loaded server so the run goes on, and counts the refusal.
-            self.errors += 1
-            return min(range(len(servers)), key=lambda i: (servers[i].waiting, servers[i].running))
+        except SchedulingError as e:
+            # Nothing fits (every endpoint filtered out): the service answers 429 or 503, and the
+            # request fails.
+            raise RefusedError(f"refused by the scheduler: {e}") from None
         for hook in self.config.hooks.pre_request:
             hook.pre_request(req, result)
         target = result.targets[0]
@@ -161,12 +162,20 @@ class EpickPolicy:
         return self._prefill
 
     def finished(self, request: SimRequestSpec, server: int, now: float) -> None:
+        """The response hooks, in the order the service runs them: headers received, then complete
+        (the simulation has no separate event for the first)."""
         entry = self._requests.pop(request.request_id, None)
         if entry is None:
             return
-        hooks = self.config.hooks.response_complete
-        if hooks:
-            req, endpoint = entry
-            response = Response(req.request_id, end_of_stream=True)
-            for hook in hooks:
-                hook.response_complete(req, response, endpoint)
+        hooks = self.config.hooks
+        if not hooks.response_received and not hooks.response_complete:
+            return
+        req, endpoint = entry
+        response = Response(req.request_id)
+        for received in hooks.response_received:
+            received.response_received(req, response, endpoint)
+        if request.session and response.add_headers:
+            self._session_headers[request.session] = dict(response.add_headers)
+        response.end_of_stream = True
+        for complete in hooks.response_complete:
+            complete.response_complete(req, response, endpoint)

@@ -34,7 +34,7 @@ from epick.sim.engine import EngineConfig, SimRequest
 from epick.sim.engine.cohort import CohortEngine
 from epick.sim.engine.kv_cache import chain_hashes
 from epick.sim.engine.timed import SteppedEngine
-from epick.simulate.types import Disaggregating, Policy, ServerView, SimRequestSpec
+from epick.simulate.types import BASE_MODEL, Disaggregating, Policy, RefusedError, ServerView, SimRequestSpec
 
 _ARRIVE, _ENGINE = 0, 1
 _PREFILL = "#prefill"  # suffix of the id of a request's prefill part
@@ -106,10 +106,9 @@ class Fleet:
         self.policy = policy
         self.scrape_interval = scrape_interval
         self.output_plan = output_plan
-        self.lora_ids = lora_ids if lora_ids is not None else {}
-        track_loras = bool(self.lora_ids) and engine.max_loras > 0  # only a LoRA workload needs them
-        for e in self.engines:
-            e.track_loras = track_loras
+        # Any model but the base model is a LoRA adapter; ids are given here or on first sight.
+        self.lora_ids = dict(lora_ids) if lora_ids is not None else {}
+        self._track_loras(bool(self.lora_ids))
         if roles is not None and len(roles) != servers:
             raise ValueError(f"{len(roles)} roles for {servers} servers")
         self.views = [
@@ -165,6 +164,12 @@ class Fleet:
 
         return cached
 
+    def _track_loras(self, on: bool) -> None:
+        """Engines report their LoRA sets (costly) only in a fleet whose requests name adapters."""
+        on = on and self.engines[0].config.max_loras > 0
+        for e in self.engines:
+            e.track_loras = on
+
     # The event queue.
     def _push(self, time: float, kind: int, data: SimRequestSpec | tuple[int, int]) -> None:
         heapq.heappush(self._events, (time, next(self._seq), kind, data))
@@ -195,7 +200,12 @@ class Fleet:
     def _arrive(self, spec: SimRequestSpec, now: float) -> None:
         if self.policy.reads_metrics:
             self._scrape(now)
-        server = self.policy.route(spec, self.views, now)
+        try:
+            server = self.policy.route(spec, self.views, now)
+        except RefusedError as e:
+            self._records[spec.request_id] = RequestRecord(spec.request_id, -1, None, now, failed=str(e))
+            self._records[spec.request_id].finish = now
+            return
         prefill = self._disaggregating.prefill_server(spec) if self._disaggregating is not None else None
         if prefill == server:
             prefill = None
@@ -227,7 +237,10 @@ class Fleet:
         max_tokens: int,
         remote_prefill: bool = False,
     ) -> SimRequest:
-        lora = spec.model if spec.model in self.lora_ids else None
+        lora = None if spec.model == BASE_MODEL else spec.model
+        if lora is not None and lora not in self.lora_ids:
+            self.lora_ids[lora] = len(self.lora_ids) + 1
+            self._track_loras(True)
         plan = self.output_plan(spec) if self.output_plan is not None else (1,)
         return SimRequest(
             request_id,

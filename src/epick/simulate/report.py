@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from epick.simulate.fleet import FleetResult
+
+_DIGITS = re.compile(r"\d+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +70,21 @@ def summarize(policy: str, load: float | None, result: FleetResult, slo: SLO) ->
         "goodput_share": good / len(result.records) if result.records else 0.0,
         "completed": len(done),
         "failed": len(result.records) - len(done),
+        "failure_reasons": failure_reasons(result),
         "makespan_s": result.makespan,
     }
+
+
+def failure_reasons(result: FleetResult) -> list[dict[str, Any]]:
+    """Failed requests grouped by reason (numbers aside), most frequent first: one example message
+    and the count of each."""
+    groups: dict[str, list[Any]] = {}
+    for r in result.records:
+        if r.failed is not None:
+            group = groups.setdefault(_DIGITS.sub("N", r.failed), [r.failed, 0])
+            group[1] += 1
+    ordered = sorted(groups.values(), key=lambda g: -g[1])
+    return [{"reason": example, "count": count} for example, count in ordered]
 
 
 def _by_role(measure: Callable[[list[float]], float], values: list[float], roles: list[str | None]) -> float:

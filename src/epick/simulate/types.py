@@ -8,6 +8,8 @@ from typing import Protocol, runtime_checkable
 
 from epick.simulate import vocab
 
+BASE_MODEL = "sim-model"  # the model of requests without a LoRA adapter; any other name is an adapter
+
 
 @dataclass(slots=True)
 class SimRequestSpec:
@@ -26,7 +28,7 @@ class SimRequestSpec:
     text: str | None  # None: built from the tokens when a policy first asks (`prompt`)
     tokens: Sequence[int]  # a tuple, or a compact array('H') of token ids
     output_tokens: int
-    model: str = "sim-model"
+    model: str = BASE_MODEL
     session: str | None = None
     after: str | None = None
     think_time: float = 0.0
@@ -66,6 +68,11 @@ class ServerView:
     cached_tokens: Callable[[Sequence[int]], int] = field(repr=False, default=lambda tokens: 0)
 
 
+class RefusedError(Exception):
+    """Raised by `Policy.route` when the policy turns the request away, as the service answers 429 or
+    503 when no endpoint passes the filters: the fleet counts the request as failed, with this reason."""
+
+
 class Policy(Protocol):
     """A routing policy: chooses a server for each request, hears when each finishes."""
 
@@ -75,7 +82,7 @@ class Policy(Protocol):
     reads_metrics: bool
 
     def route(self, request: SimRequestSpec, servers: Sequence[ServerView], now: float) -> int:
-        """The index of the chosen server."""
+        """The index of the chosen server; `RefusedError` when there is none for this request."""
         ...
 
     def finished(self, request: SimRequestSpec, server: int, now: float) -> None: ...

@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Protocol, get_type_hints
 import xxhash
 
 from epick.simulate import vocab
-from epick.simulate.types import SimRequestSpec
+from epick.simulate.types import BASE_MODEL, SimRequestSpec
 
 __all__ = [
     "BASE_MODEL",
@@ -55,7 +55,6 @@ __all__ = [
     "workload_parameters",
 ]
 
-BASE_MODEL = "sim-model"  # the model of requests without an adapter (SimRequestSpec's default)
 TRACE_BLOCK_TOKENS = 16  # tokens per `prompt_block_ids` entry of a trace
 
 # Every token id as one shared int object: prompts are tuples of references into this pool.

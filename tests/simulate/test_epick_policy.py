@@ -1,0 +1,93 @@
+"""An epick config as a fleet policy: sessions, refusals and adapters as the service would see them."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from epick.config import load_config_text
+from epick.sim.engine import CostModel, EngineConfig
+from epick.simulate.epick_policy import EpickPolicy
+from epick.simulate.fleet import Fleet, Poisson
+from epick.simulate.types import SimRequestSpec
+from epick.simulate.workloads import build_workload
+
+ENGINE = EngineConfig(num_gpu_blocks=2000, cost=CostModel())
+HEADER = "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
+
+
+def policy(body: str) -> EpickPolicy:
+    return EpickPolicy("p", load_config_text(HEADER + body, seed=1))
+
+
+SESSION_ONLY = """
+plugins:
+- type: session-affinity-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: session-affinity-scorer
+  - pluginRef: max-score-picker
+"""
+
+
+def test_a_session_stays_on_the_server_its_token_names() -> None:
+    """The simulated client sends back the x-session-token of its session's last response."""
+    workload = build_workload("multi-turn", {"sessions": 12, "turns": 4, "think-time-s": 0.5})
+    result = Fleet(6, ENGINE, policy(SESSION_ONLY)).run(
+        workload.requests(random.Random(1)), Poisson(4.0), random.Random(2)
+    )
+    by_session: dict[str, set[int]] = {}
+    for r in result.records:
+        assert r.failed is None
+        by_session.setdefault(r.request_id.rsplit("-", 1)[0], set()).add(r.server)
+    assert len(by_session) == 12
+    assert all(len(servers) == 1 for servers in by_session.values()), by_session
+    # Without the token every turn is a tie broken at random: sessions would wander.
+    assert len({next(iter(s)) for s in by_session.values()}) > 1
+
+
+def test_a_request_no_endpoint_may_take_fails_with_the_reason() -> None:
+    nothing = """
+plugins:
+- type: label-selector-filter
+  parameters:
+    matchLabels: {zone: mars}
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: label-selector-filter
+  - pluginRef: max-score-picker
+"""
+    specs = [SimRequestSpec(f"r{i}", "a b c", (1, 2, 3), 4) for i in range(5)]
+    result = Fleet(2, ENGINE, policy(nothing)).run(specs, Poisson(10.0), random.Random(0))
+    assert len(result.records) == 5
+    assert all(r.failed and "refused by the scheduler" in r.failed for r in result.records)
+    assert all("label-selector-filter" in (r.failed or "") for r in result.records)
+    assert result.requests_per_server == [0, 0]
+
+
+def test_a_trace_model_other_than_the_base_model_is_an_adapter(tmp_path: Path) -> None:
+    """Adapters compete for LoRA slots whatever the workload: a trace names them in `model`."""
+    lines = [
+        {"arrival": i * 0.01, "prompt": "w " * 200, "output_tokens": 20, "model": f"lora-{i % 4}"}
+        for i in range(40)
+    ]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines))
+    base = tmp_path / "base.jsonl"
+    base.write_text("\n".join(json.dumps({**line, "model": "sim-model"}) for line in lines))
+    engine = EngineConfig(num_gpu_blocks=2000, max_loras=1, cost=CostModel(lora_load_s=0.05))
+    rr = HEADER + "plugins:\n- type: round-robin-picker\n"
+
+    def makespan(trace: Path) -> float:
+        fleet = Fleet(1, engine, policy(rr[len(HEADER) :]))
+        specs = build_workload("trace", {"path": str(trace)}).requests(random.Random(0))
+        result = fleet.run(specs, Poisson(1.0), random.Random(0))
+        assert all(r.failed is None for r in result.records)
+        return result.makespan
+
+    assert makespan(path) > makespan(base) + 0.5  # four adapters take turns in one slot
