@@ -25,6 +25,7 @@ from epick.simulate.epick_policy import EpickPolicy
 from epick.simulate.fleet import Arrivals, ClosedLoop, Fleet, Poisson
 from epick.simulate.report import SLO, summarize
 from epick.simulate.types import Policy
+from epick.simulate.workloads import Trace, Workload, WorkloadError, build_workload
 
 # Policies that are epick configs (the same files ship under config/; a test keeps them equal).
 CONFIG_POLICIES = {
@@ -68,24 +69,105 @@ schedulingProfiles:
 PolicyFactory = Callable[[int], Policy]
 
 
+def _number(kind: Callable[[str], float], minimum: float, what: str) -> Callable[[str], Any]:
+    """An argparse type: a finite number of `kind` at least `minimum` (a usage error otherwise)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not math.isfinite(value) or value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
+
+    return parse
+
+
+positive_int = _number(int, 1, "a positive integer")
+non_negative_int = _number(int, 0, "an integer of 0 or more")
+positive_float = _number(float, math.ulp(0.0), "a positive number")
+
+
+def _rates(text: str) -> list[float]:
+    parts = [x.strip() for x in text.split(",") if x.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError("give rates separated by commas, e.g. 5,10,20")
+    return [positive_float(x) for x in parts]
+
+
+def _interval(text: str) -> float:
+    """A duration ('50ms', '2s') or a number of seconds; 0 scrapes before every decision."""
+    try:
+        return parse_duration(float(text) if _is_number(text) else text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+class _InOrder(argparse.Action):
+    """--policy and --config, kept in one list in the order given: (kind, value)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        getattr(namespace, self.dest).append(values)
+        order = getattr(namespace, "policy_order", None) or []
+        order.append((self.dest, values))
+        namespace.policy_order = order
+
+
+class UsageError(Exception):
+    """A bad command line that argparse cannot see by itself; exit status 2."""
+
+
 def policy_factories(args: argparse.Namespace) -> list[tuple[str, PolicyFactory]]:
-    """(name, factory(seed)) for every --policy and --config, in the order given."""
+    """(name, factory(seed)) for every --policy and --config, in the order given. A config's name is
+    its file name without extension; when two would share a name, the later one is named by its path
+    (without extension), and by a #2, #3… suffix after that."""
     from epick.simulate.policies import POLICIES
 
+    order = getattr(args, "policy_order", None)
+    if order is None:  # built without the parser's actions (tests)
+        order = [("policy", n) for n in args.policy] + [("config", p) for p in args.config]
     out: list[tuple[str, PolicyFactory]] = []
-    for name in args.policy:
-        if name == "default" or name in CONFIG_POLICIES:
-            out.append((name, _config_policy(name, CONFIG_POLICIES.get(name))))
-        elif name in POLICIES:
-            out.append((name, _baseline_policy(POLICIES[name])))
+    taken: set[str] = set()
+    for kind, value in order:
+        if kind == "policy":
+            name = value
+            if name == "default" or name in CONFIG_POLICIES:
+                factory = _config_policy(name, CONFIG_POLICIES.get(name))
+            elif name in POLICIES:
+                factory = _baseline_policy(POLICIES[name])
+            else:
+                known = ["default", *CONFIG_POLICIES, *POLICIES]
+                raise UsageError(f"unknown --policy {name!r}; choose from {', '.join(known)}")
         else:
-            known = ["default", *CONFIG_POLICIES, *POLICIES]
-            raise SystemExit(f"epick simulate: unknown --policy {name!r}; choose from {', '.join(known)}")
-    for path in args.config:
-        load_config_file(path)  # fail early, with the file's errors
-        out.append((Path(path).stem, _file_policy(path)))
+            load_config_file(value)  # fail early, with the file's errors
+            path = Path(value)
+            name = path.stem
+            if name in taken:
+                name = str(path.with_suffix(""))
+            factory = _file_policy(value, name)
+        unique, k = name, 1
+        while unique in taken:
+            k += 1
+            unique = f"{name}#{k}"
+        taken.add(unique)
+        out.append((unique, factory))
     if not out:
-        raise SystemExit("epick simulate: give at least one --policy or --config")
+        raise UsageError("give at least one --policy or --config")
     return out
 
 
@@ -99,9 +181,9 @@ def _config_policy(name: str, text: str | None) -> PolicyFactory:
     return build
 
 
-def _file_policy(path: str) -> PolicyFactory:
+def _file_policy(path: str, name: str) -> PolicyFactory:
     def build(seed: int) -> Policy:
-        return EpickPolicy(Path(path).stem, load_config_file(path, seed=seed))
+        return EpickPolicy(name, load_config_file(path, seed=seed))
 
     return build
 
@@ -114,12 +196,15 @@ def _baseline_policy(factory: Callable[[random.Random], Policy]) -> PolicyFactor
 
 
 def parse_params(values: list[str]) -> dict[str, str]:
-    params = {}
+    params: dict[str, str] = {}
     for item in values:
         key, sep, value = item.partition("=")
+        key = key.strip()
         if not sep or not key:
-            raise SystemExit(f"epick simulate: --param {item!r}: expected NAME=VALUE")
-        params[key.strip()] = value.strip()
+            raise UsageError(f"--param {item!r}: expected NAME=VALUE")
+        if key in params:
+            raise UsageError(f"--param {key} is given twice ({params[key]!r} and {value.strip()!r})")
+        params[key] = value.strip()
     return params
 
 
@@ -127,66 +212,108 @@ def loads(args: argparse.Namespace) -> list[Arrivals]:
     if args.concurrency is not None:
         return [ClosedLoop(args.concurrency)]
     if args.qps_sweep:
-        return [Poisson(float(x)) for x in args.qps_sweep.split(",") if x.strip()]
-    return [Poisson(args.qps)]
+        return [Poisson(x) for x in args.qps_sweep]
+    return [Poisson(args.qps if args.qps is not None else DEFAULT_QPS)]
+
+
+DEFAULT_QPS = 10.0
+
+
+def _check_output(path: str | None, flag: str, suffix: str | None = None) -> None:
+    """Refuse an output path that cannot be written before the run, not after."""
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory; give a file name")
+    if not target.parent.is_dir():
+        raise UsageError(f"{flag} {path}: no such directory: {target.parent}")
+    if suffix is not None and target.suffix.lower() != suffix:
+        raise UsageError(f"{flag} {path}: the plot is a PNG; give a file name ending in {suffix}")
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("simulate", help="compare routing policies on a simulated fleet, in virtual time")
-    p.add_argument("--policy", action="append", default=[], help="a named policy (repeatable)")
-    p.add_argument("--config", action="append", default=[], help="an EndpointPickerConfig to run as a policy")
-    p.add_argument("--servers", type=int, default=8)
+    p.add_argument(
+        "--policy", action=_InOrder, default=[], help="a named policy (repeatable; rows keep the order given)"
+    )
+    p.add_argument(
+        "--config",
+        action=_InOrder,
+        default=[],
+        help="an EndpointPickerConfig file to run as a policy (repeatable)",
+    )
+    p.add_argument("--servers", type=positive_int, default=8)
     p.add_argument(
         "--prefill-servers",
-        type=int,
+        type=non_negative_int,
         default=0,
         help="of the servers, how many have role prefill (the rest decode): for P/D configs",
     )
     p.add_argument("--workload", default="shared-prefix")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="workload parameter")
     load = p.add_mutually_exclusive_group()
-    load.add_argument("--qps", type=float, default=10.0, help="Poisson arrivals per second")
-    load.add_argument("--qps-sweep", help="several Poisson rates, comma-separated")
-    load.add_argument("--concurrency", type=int, help="closed loop: requests kept in flight")
-    p.add_argument("--requests", type=int, default=None, help="stop the workload after this many requests")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--scrape-interval", default="50ms", help="how stale the metrics the policy sees are")
-    p.add_argument(
-        "--num-gpu-blocks", type=int, default=None, help="KV blocks per server (default: 8B on H100)"
+    load.add_argument(
+        "--qps",
+        type=positive_float,
+        default=None,
+        help=f"Poisson arrivals per second (default {DEFAULT_QPS:g})",
     )
-    p.add_argument("--max-num-seqs", type=int, default=None)
-    p.add_argument("--max-loras", type=int, default=None)
-    p.add_argument("--slo-ttft", type=float, default=2.0, help="goodput: TTFT limit in seconds")
+    load.add_argument("--qps-sweep", type=_rates, help="several Poisson rates, comma-separated")
+    load.add_argument("--concurrency", type=positive_int, help="closed loop: requests kept in flight")
     p.add_argument(
-        "--slo-tpot", type=float, default=0.1, help="goodput: time-per-output-token limit in seconds"
+        "--requests", type=positive_int, default=None, help="stop the workload after this many requests"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--scrape-interval",
+        type=_interval,
+        default="50ms",
+        help="how stale the metrics the policy sees are: '50ms', '1s' or seconds (0: fresh every decision)",
+    )
+    p.add_argument(
+        "--num-gpu-blocks", type=positive_int, default=None, help="KV blocks per server (default: 8B on H100)"
+    )
+    p.add_argument("--max-num-seqs", type=positive_int, default=None)
+    p.add_argument("--max-loras", type=positive_int, default=None, help="LoRA adapter slots per server")
+    p.add_argument("--slo-ttft", type=positive_float, default=2.0, help="goodput: TTFT limit in seconds")
+    p.add_argument(
+        "--slo-tpot", type=positive_float, default=0.1, help="goodput: time-per-output-token limit in seconds"
     )
     p.add_argument("--json", help="write every run's figures to this file")
     p.add_argument("--plot", help="draw latency and throughput against load to this PNG")
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from epick.simulate.workloads import WorkloadError, build_workload
+def _prepare(args: argparse.Namespace) -> tuple[Workload, list[tuple[str, PolicyFactory]]]:
+    """The workload and the policies, every argument checked: UsageError, WorkloadError or
+    ConfigError otherwise."""
+    workload = build_workload(args.workload, parse_params(args.param))
+    policies = policy_factories(args)
+    if not args.prefill_servers < args.servers:
+        raise UsageError(
+            f"--prefill-servers must be between 0 and {args.servers - 1} (--servers - 1), "
+            f"got {args.prefill_servers}"
+        )
+    if isinstance(workload, Trace) and (args.qps is not None or args.qps_sweep):
+        raise UsageError(
+            "--qps and --qps-sweep do not apply to a trace: its lines carry their arrival times "
+            "(--concurrency may cap the requests in flight)"
+        )
+    _check_output(args.json, "--json")
+    _check_output(args.plot, "--plot", ".png")
+    return workload, policies
 
+
+def run(args: argparse.Namespace) -> int:
     try:
-        workload = build_workload(args.workload, parse_params(args.param))
-    except WorkloadError as e:
+        workload, policies = _prepare(args)
+    except (WorkloadError, UsageError) as e:
         print(f"epick simulate: {e}", file=sys.stderr)
         return 2
-    try:
-        policies = policy_factories(args)
     except ConfigError as e:
         for issue in e.issues:
             print(issue.render(e.source), file=sys.stderr)
-        return 2
-    if args.servers < 1:
-        print("epick simulate: --servers must be at least 1", file=sys.stderr)
-        return 2
-    if not 0 <= args.prefill_servers < args.servers:
-        print(
-            f"epick simulate: --prefill-servers must be between 0 and {args.servers - 1} (--servers - 1)",
-            file=sys.stderr,
-        )
         return 2
     roles: Sequence[str | None] | None = None
     if args.prefill_servers:
@@ -195,43 +322,78 @@ def run(args: argparse.Namespace) -> int:
         num_gpu_blocks=args.num_gpu_blocks, max_num_seqs=args.max_num_seqs, max_loras=args.max_loras
     )
     engine = dataclasses.replace(engine, cache_output_blocks=workload.reuses_outputs)
-    scrape = parse_duration(args.scrape_interval)
     slo = SLO(args.slo_ttft, args.slo_tpot)
     console = Console(stderr=True)
     runs: list[dict[str, Any]] = []
     output_plan = workload.output_plan
     lora_ids = {name: i + 1 for i, name in enumerate(workload.adapter_names)}
+    trace = isinstance(workload, Trace)
     columns = (TextColumn("{task.description:>28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
         for arrivals in loads(args):
-            level = arrivals.qps if isinstance(arrivals, Poisson) else float(arrivals.concurrency)
+            closed = isinstance(arrivals, ClosedLoop)
+            level = _level(arrivals, trace)
             for name, factory in policies:
                 specs = workload.requests(random.Random(args.seed))
                 if args.requests is not None:
                     specs = itertools.islice(specs, args.requests)
-                task = progress.add_task(f"{name} @ {level:g}", total=args.requests)
+                label = f"{name} @ {level:g}" if level is not None else f"{name} (trace)"
+                task = progress.add_task(label, total=args.requests)
                 fleet = Fleet(
                     args.servers,
                     engine,
                     factory(args.seed),
-                    scrape_interval=scrape,
+                    scrape_interval=args.scrape_interval,
                     output_plan=output_plan,
                     lora_ids=lora_ids,
                     progress=_advance(progress, task),
                     roles=roles,
                 )
                 started = time.perf_counter()
-                result = fleet.run(specs, arrivals, random.Random(args.seed + 1))
+                try:
+                    result = fleet.run(specs, arrivals, random.Random(args.seed + 1))
+                except WorkloadError as e:  # a trace is read as it runs: a bad line stops the run
+                    progress.stop()
+                    print(f"epick simulate: {e} (no results written)", file=sys.stderr)
+                    return 2
+                if not result.records:
+                    progress.stop()
+                    print(f"epick simulate: the {args.workload} workload has no requests", file=sys.stderr)
+                    return 2
                 summary = summarize(name, level, result, slo)
                 summary["wall_s"] = time.perf_counter() - started
-                summary["load_kind"] = "qps" if isinstance(arrivals, Poisson) else "concurrency"
+                summary["load_kind"] = "concurrency" if closed else ("trace" if trace else "qps")
                 runs.append(summary)
     print_table(runs)
+    print_failures(runs)
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": _finite(runs)}, indent=2))
     if args.plot:
         plot(runs, args.plot)
     return 0
+
+
+def print_failures(runs: list[dict[str, Any]]) -> None:
+    """Why requests failed, per run: the three most frequent reasons."""
+    for r in runs:
+        reasons = r.get("failure_reasons") or []
+        if not reasons:
+            continue
+        load = f" @ {r['qps']:g}" if r["qps"] is not None else ""
+        print(f"{r['policy']}{load}: {r['failed']} failed")
+        for reason in reasons[:3]:
+            print(f"  {reason['count']} × {reason['reason']}")
+        if len(reasons) > 3:
+            rest = sum(x["count"] for x in reasons[3:])
+            print(f"  … and {rest} more, for other reasons (--json has them all)")
+
+
+def _level(arrivals: Arrivals, trace: bool) -> float | None:
+    """The run's load for the table, the JSON and the plot: requests/s, concurrency, or None for a
+    trace's own arrivals."""
+    if isinstance(arrivals, ClosedLoop):
+        return float(arrivals.concurrency)
+    return None if trace else arrivals.qps
 
 
 def _advance(progress: Progress, task: TaskID) -> Callable[[], None]:
@@ -261,7 +423,7 @@ def print_table(runs: list[dict[str, Any]]) -> None:
     for r in runs:
         table.add_row(
             r["policy"],
-            f"{r['qps']:g}",
+            f"{r['qps']:g}" if r["qps"] is not None else "trace",
             *(f"{r['ttft_s'][k]:.3f}" for k in ("p50", "p90", "p99")),
             *(f"{r['tpot_s'][k]:.4f}" for k in ("p50", "p99")),
             f"{r['e2e_s']['p50']:.2f}",
@@ -284,8 +446,8 @@ def plot(runs: list[dict[str, Any]], path: str) -> None:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for name in dict.fromkeys(r["policy"] for r in runs):
-        mine = sorted((r for r in runs if r["policy"] == name), key=lambda r: r["qps"])
-        xs = [r["qps"] for r in mine]
+        mine = sorted((r for r in runs if r["policy"] == name), key=lambda r: r["qps"] or 0.0)
+        xs = [r["qps"] or 0.0 for r in mine]  # a trace's runs (no load level) at 0
         ax1.plot(xs, [r["ttft_s"]["p90"] for r in mine], marker="o", label=name)
         ax2.plot(xs, [r["output_tokens_per_s"] for r in mine], marker="o", label=name)
     kind = runs[0].get("load_kind", "qps") if runs else "qps"

@@ -607,6 +607,8 @@ class Trace(Workload):
             if not isinstance(self.path, str) or not self.path:
                 raise WorkloadError(f"{self.kind}: path must be a file path, got {self.path!r}")
             object.__setattr__(self, "path", Path(self.path))
+        if self.path.is_dir():
+            raise WorkloadError(f"{self.kind}: {self.path} is a directory; give a JSONL file")
         if not self.path.is_file():
             raise WorkloadError(f"{self.kind}: no such file: {self.path}")
 
