@@ -91,3 +91,31 @@ def test_a_trace_model_other_than_the_base_model_is_an_adapter(tmp_path: Path) -
         return result.makespan
 
     assert makespan(path) > makespan(base) + 0.5  # four adapters take turns in one slot
+
+
+TOKEN_LOAD = """
+plugins:
+- type: token-load-scorer
+  parameters:
+    queueThresholdTokens: 20000
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: token-load-scorer
+  - pluginRef: max-score-picker
+"""
+
+
+def test_configs_that_read_only_the_prompt_length_route_as_if_they_had_the_text() -> None:
+    """Without the text the policy gives its exact length, so skipping the text changes nothing."""
+
+    def run(force_text: bool) -> list[tuple[str, int]]:
+        p = policy(TOKEN_LOAD)
+        assert not p.needs_text
+        p.needs_text = force_text
+        workload = build_workload("sharegpt-like", {"n": 150})
+        result = Fleet(4, ENGINE, p).run(workload.requests(random.Random(3)), Poisson(30.0), random.Random(4))
+        return [(r.request_id, r.server) for r in result.records]
+
+    assert run(False) == run(True)

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from epick.config import LoadedConfig
 from epick.framework import Endpoint, InferenceRequest, Metrics, RequestBody, Response, SchedulingError
 from epick.framework.endpoint import ROLE_LABEL
-from epick.framework.request import CHARS_PER_TOKEN
 from epick.plugins.filters.label_selector import LabelSelectorFilter
 from epick.plugins.filters.role import RoleFilter
 from epick.plugins.filters.utilization import UtilizationDetector
@@ -37,10 +36,11 @@ from epick.plugins.scorers.running_requests import RunningRequestsSizeScorer
 from epick.plugins.scorers.session_affinity import SessionAffinityScorer
 from epick.plugins.scorers.token_load import TokenLoadScorer
 from epick.requestcontrol.director import prefill_target
+from epick.simulate import vocab
 from epick.simulate.types import RefusedError, ServerView, SimRequestSpec
 
 # In-tree plugins that never read the prompt text (the token-load scorer and the prefix-based decider
-# read only its length, which the estimate below gives).
+# read only its length, which `route` gives without the text).
 TEXT_BLIND = (
     ActiveRequestScorer,
     AlwaysDisaggDecider,
@@ -52,6 +52,7 @@ TEXT_BLIND = (
     MaxScorePicker,
     NoHitLruScorer,
     PrefillHeaderHandler,
+    PrefixBasedDecider,
     QueueScorer,
     RandomPicker,
     RoleFilter,
@@ -60,6 +61,7 @@ TEXT_BLIND = (
     SessionAffinityScorer,
     ShadowProfileHandler,
     SingleProfileHandler,
+    TokenLoadScorer,
     UtilizationDetector,
     WeightedRandomPicker,
 )
@@ -135,8 +137,10 @@ class EpickPolicy:
         if self.needs_text:
             body = RequestBody.completion(request.prompt)
         else:
-            estimate = len(request.tokens) * CHARS_PER_TOKEN  # what the text's length would be
-            body = RequestBody(kind="completion", prefix_bytes=estimate)
+            # Only the text's length is read: the text's own, or what building it would give.
+            known = request.text
+            length = len(known.encode()) if known is not None else vocab.text_length(len(request.tokens))
+            body = RequestBody(kind="completion", prefix_bytes=length)
         # The client sends back what the last response of its session told it to (a session token).
         headers = self._session_headers.get(request.session, {}) if request.session else {}
         req = InferenceRequest(request.model, body, request.request_id, headers)

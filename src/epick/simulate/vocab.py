@@ -35,6 +35,11 @@ def word(i: int) -> str:
 _TABLE = np.frombuffer("".join(word(i) + " " for i in range(VOCAB_SIZE)).encode("ascii"), dtype="S5")
 
 
+def text_length(tokens: int) -> int:
+    """The length of `text` of that many tokens, without building it."""
+    return tokens * (WORD_CHARS + 1) - 1 if tokens > 0 else 0
+
+
 def text(tokens: Sequence[int]) -> str:
     if not tokens:
         return ""
