@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from epick.config import ConfigError, load_config_text
@@ -163,9 +165,51 @@ def test_prefill_profile_comes_from_the_pd_handler_without_a_header_handler() ->
         ),
         ("    threshold: -1", "", "threshold"),
         ("    hashBlockSize: 0", "", "hashBlockSize"),
+        ("    prefixPluginType: precise-prefix-cache-scorer", "", "epick's prefix scorer is"),
+        ("    prefixPluginName: ''", "", "prefixPluginName"),
+        (
+            "    threshold: 0",
+            "- type: prefill-header-handler\n  parameters:\n    prefillProfile: typo",
+            "plugins[2].parameters.prefillProfile: profile 'typo' does not exist",
+        ),
     ],
 )
 def test_pd_profile_handler_bad_parameters_are_named(params: str, extra: str, message: str) -> None:
     text = _pd_config(params + "\n    decodeProfile: dec\n    prefillProfile: pre", extra)
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         load_config_text(text, seed=1)
+
+
+def test_threshold_zero_may_stand_beside_a_decider() -> None:
+    text = _pd_config(
+        "    deciderPluginName: always\n    threshold: 0\n    decodeProfile: dec\n    prefillProfile: pre",
+        "- name: always\n  type: always-disagg-pd-decider",
+    )
+    handler = load_config_text(text, seed=1).scheduler.handler
+    assert isinstance(handler, PdProfileHandler) and isinstance(handler.decider, AlwaysDisaggDecider)
+
+
+def test_a_pd_config_without_a_prefill_profile_serves_decode_only() -> None:
+    """As in llm-d: the prefill profile may be left out."""
+    text = """
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: decode-filter
+- type: pd-profile-handler
+schedulingProfiles:
+- name: decode
+  plugins:
+  - pluginRef: decode-filter
+"""
+    config = load_config_text(text, seed=1)
+    result = config.scheduler.schedule(make_request("x" * 400), pool())
+    assert list(result.profile_results) == ["decode"]
+    with pytest.raises(ConfigError, match=r"parameters.decodeProfile: profile 'dec' does not exist"):
+        load_config_text(
+            text.replace(
+                "- type: pd-profile-handler",
+                "- type: pd-profile-handler\n  parameters:\n    decodeProfile: dec",
+            ),
+            seed=1,
+        )

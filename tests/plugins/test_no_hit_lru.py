@@ -104,3 +104,5 @@ def test_parameters() -> None:
     assert (params.prefix_plugin_name, params.prefill_profile, params.lru_size) == ("pfx", "pre", 8)
     with pytest.raises(ValidationError):
         NoHitLruParameters.model_validate({"lruSize": 0})
+    with pytest.raises(ValidationError):
+        NoHitLruParameters.model_validate({"prefixPluginName": ""})

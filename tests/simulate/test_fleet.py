@@ -244,3 +244,23 @@ def test_policies_that_read_no_metrics_are_not_scraped_for() -> None:
         fleet = Fleet(2, ENGINE, policy)
         fleet.run(shared_prefix(20), Poisson(50.0), random.Random(1))
         assert (fleet.views[0].epoch > 0) is scraped
+
+
+@pytest.mark.parametrize("model", ["sim-model", "adapter-x"])
+def test_the_exact_cache_view_sees_an_adapters_own_blocks(model: str) -> None:
+    """cached_tokens hashes the prompt as the engine does, LoRA id included."""
+
+    class Peek(FirstServer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[int] = []
+
+        def route(self, request: SimRequestSpec, servers: Sequence[ServerView], now: float) -> int:
+            self.seen.append(servers[0].cached_tokens(request))
+            return 0
+
+    tokens = tuple(range(1, 401))
+    specs = [SimRequestSpec(f"r{i}", None, tokens, 2, model=model, arrival=float(i)) for i in range(3)]
+    policy = Peek()
+    Fleet(2, ENGINE, policy).run(specs, Poisson(1.0), random.Random(0))
+    assert policy.seen == [0, 384, 384]  # 24 full blocks of 16 below the 400-token prompt

@@ -23,7 +23,7 @@ def view(
     *,
     waiting: int = 0,
     kv: float = 0.0,
-    cached: Callable[[Sequence[int]], int] | None = None,
+    cached: Callable[[SimRequestSpec], int] | None = None,
 ) -> ServerView:
     v = ServerView(i, f"s{i}", in_flight, waiting, 0, kv)
     if cached is not None:
@@ -304,8 +304,8 @@ def test_prefix_random_falls_back_below_the_minimum() -> None:
 # oracle-prefix
 
 
-def cached(n: int) -> Callable[[Sequence[int]], int]:
-    return lambda tokens: n
+def cached(n: int) -> Callable[[SimRequestSpec], int]:
+    return lambda request: n
 
 
 def test_oracle_chooses_the_most_cached_tokens() -> None:

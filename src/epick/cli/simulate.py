@@ -99,9 +99,12 @@ def _rates(text: str) -> list[float]:
 def _interval(text: str) -> float:
     """A duration ('50ms', '2s') or a number of seconds; 0 scrapes before every decision."""
     try:
-        return parse_duration(float(text) if _is_number(text) else text)
+        seconds = parse_duration(float(text) if _is_number(text) else text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+    if not math.isfinite(seconds):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite duration")
+    return seconds
 
 
 def _is_number(text: str) -> bool:
@@ -122,7 +125,7 @@ class _InOrder(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> None:
-        getattr(namespace, self.dest).append(values)
+        setattr(namespace, self.dest, [*getattr(namespace, self.dest), values])  # never the shared default
         order = getattr(namespace, "policy_order", None) or []
         order.append((self.dest, values))
         namespace.policy_order = order
@@ -220,16 +223,23 @@ DEFAULT_QPS = 10.0
 
 
 def _check_output(path: str | None, flag: str, suffix: str | None = None) -> None:
-    """Refuse an output path that cannot be written before the run, not after."""
+    """Refuse an output path that cannot be written before the run, not after: it is opened for
+    writing (and removed again if it did not exist)."""
     if path is None:
         return
     target = Path(path)
     if target.is_dir():
         raise UsageError(f"{flag} {path}: is a directory; give a file name")
-    if not target.parent.is_dir():
-        raise UsageError(f"{flag} {path}: no such directory: {target.parent}")
     if suffix is not None and target.suffix.lower() != suffix:
         raise UsageError(f"{flag} {path}: the plot is a PNG; give a file name ending in {suffix}")
+    existed = target.exists()
+    try:
+        with target.open("a"):
+            pass
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot write it: {e.strerror or e}") from None
+    if not existed:
+        target.unlink()
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -438,6 +448,13 @@ def print_table(runs: list[dict[str, Any]]) -> None:
     Console(width=None if sys.stdout.isatty() else 200).print(table)
 
 
+_AXIS = {
+    "qps": "offered load (requests/s)",
+    "concurrency": "concurrency",
+    "trace": "(a trace: its own arrival times)",
+}
+
+
 def plot(runs: list[dict[str, Any]], path: str) -> None:
     import matplotlib
 
@@ -452,7 +469,7 @@ def plot(runs: list[dict[str, Any]], path: str) -> None:
         ax2.plot(xs, [r["output_tokens_per_s"] for r in mine], marker="o", label=name)
     kind = runs[0].get("load_kind", "qps") if runs else "qps"
     for ax, title in ((ax1, "TTFT p90 (s)"), (ax2, "output tokens/s")):
-        ax.set_xlabel("offered load (requests/s)" if kind == "qps" else "concurrency")
+        ax.set_xlabel(_AXIS.get(kind, kind))
         ax.set_title(title)
         ax.grid(alpha=0.3)
     ax1.set_yscale("log")

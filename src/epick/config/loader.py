@@ -477,17 +477,18 @@ class _Builder:
                 f"single-profile-handler cannot run {len(entries)} profiles",
                 "keep one profile, or use disagg-profile-handler or shadow-profile-handler",
             )
-        if isinstance(handler, NeedsProfiles):
-            names = {e.name for e in entries}
-            index = (
-                self.entries[handler.typed_name.name][0] if handler.typed_name.name in self.entries else -1
-            )
-            for key, profile_name in handler.required_profiles().items():
-                if profile_name not in names:
+        profile_names = {e.name for e in entries}
+        extra_handlers = {n for n, _ in handlers[1:]}  # reported above
+        for plugin_name, plugin in self.instances.items():
+            if not isinstance(plugin, NeedsProfiles) or plugin_name in extra_handlers:
+                continue
+            index = self.entries[plugin_name][0] if plugin_name in self.entries else -1
+            for key, profile_name in plugin.required_profiles().items():
+                if profile_name not in profile_names:
                     self.fail(
                         f"plugins[{index}].parameters.{key}",
                         f"profile {profile_name!r} does not exist",
-                        f"name one of the profiles: {', '.join(sorted(names))}",
+                        f"name one of the profiles: {', '.join(sorted(profile_names))}",
                     )
         return profiles, handler
 

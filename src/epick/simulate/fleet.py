@@ -135,34 +135,50 @@ class Fleet:
         self._seq = itertools.count()
         self._records: dict[str, RequestRecord] = {}
         self._in_flight: dict[str, SimRequestSpec] = {}
-        self._hashed_tokens: Sequence[int] | None = None
+        self._hashed: SimRequestSpec | None = None
         self._hashes: list[int] = []
 
-    def _block_hashes(self, tokens: Sequence[int]) -> list[int]:
-        """The block-hash chain of a prompt, computed once per request for every server's lookup."""
-        if tokens is not self._hashed_tokens:
+    def _block_hashes(self, spec: SimRequestSpec) -> list[int]:
+        """The block-hash chain of a prompt (its adapter's: a LoRA request's blocks are its own),
+        computed once per request for every server's lookup."""
+        if spec is not self._hashed:
+            tokens = spec.tokens
             bs = self.engines[0].config.block_size
             # As far as an engine looks up: the last token is always computed.
             blocks = (len(tokens) - 1) // bs
-            hashes = chain_hashes(tokens, 0, blocks, block_size=bs, parent=None, lora_id=None)
-            self._hashed_tokens, self._hashes = tokens, hashes
+            lora_id = self._lora_id(spec.model)
+            hashes = chain_hashes(tokens, 0, blocks, block_size=bs, parent=None, lora_id=lora_id)
+            self._hashed, self._hashes = spec, hashes
         return self._hashes
 
-    def _cached_tokens_fn(self, i: int) -> Callable[[Sequence[int]], int]:
+    def _cached_tokens_fn(self, i: int) -> Callable[[SimRequestSpec], int]:
         engine = self.engines[i]
         bs = engine.config.block_size
 
-        def cached(tokens: Sequence[int]) -> int:
+        def cached(spec: SimRequestSpec) -> int:
             engine.sync(self._now)
             lookup = engine.pool.cached
             n = 0
-            for h in self._block_hashes(tokens):
+            for h in self._block_hashes(spec):
                 if h not in lookup:
                     break
                 n += bs
             return n
 
         return cached
+
+    def _lora_id(self, model: str) -> int | None:
+        """The adapter id of a model (None for the base model), given on first sight; the first
+        adapter turns on the engines' LoRA reports and a fresh scrape."""
+        if model == BASE_MODEL:
+            return None
+        lora_id = self.lora_ids.get(model)
+        if lora_id is None:
+            lora_id = self.lora_ids[model] = len(self.lora_ids) + 1
+            if not self.engines[0].track_loras:
+                self._track_loras(True)
+                self._scraped_epoch = -1  # the views' LoRA fields are stale: scrape again
+        return lora_id
 
     def _track_loras(self, on: bool) -> None:
         """Engines report their LoRA sets (costly) only in a fleet whose requests name adapters."""
@@ -198,6 +214,7 @@ class Fleet:
                 view.max_models = engine.config.max_loras
 
     def _arrive(self, spec: SimRequestSpec, now: float) -> None:
+        self._lora_id(spec.model)  # a new adapter: the scrape below reports LoRA slots already
         if self.policy.reads_metrics:
             self._scrape(now)
         try:
@@ -237,10 +254,8 @@ class Fleet:
         max_tokens: int,
         remote_prefill: bool = False,
     ) -> SimRequest:
-        lora = None if spec.model == BASE_MODEL else spec.model
-        if lora is not None and lora not in self.lora_ids:
-            self.lora_ids[lora] = len(self.lora_ids) + 1
-            self._track_loras(True)
+        lora_id = self._lora_id(spec.model)
+        lora = None if lora_id is None else spec.model
         plan = self.output_plan(spec) if self.output_plan is not None else (1,)
         return SimRequest(
             request_id,
@@ -248,7 +263,7 @@ class Fleet:
             max_tokens,
             arrival_time=now,
             lora=lora,
-            lora_id=self.lora_ids.get(lora) if lora else None,
+            lora_id=lora_id,
             remote_prefill=remote_prefill,
             output_plan=plan or (1,),
         )

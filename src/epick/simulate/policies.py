@@ -511,7 +511,7 @@ class OraclePrefix:
         score_i = 3 * hit_i + load_weight * (2 * queue_i + 2 * (1 - kv_usage_i))
 
         hit_i   = cached_tokens_i / len(tokens)   (0 for an empty prompt), where cached_tokens_i is
-                  `ServerView.cached_tokens(tokens)`: the prefix-cache hit the engine would give now
+                  `ServerView.cached_tokens(request)`: the prefix-cache hit the engine would give now
         queue_i = (max_w - waiting_i) / (max_w - min_w) over the servers (1 when all are equal), the
                   `queue-scorer`; waiting and kv_usage are from the last scrape, as epick sees them
 
@@ -543,7 +543,7 @@ class OraclePrefix:
         lw2 = 2.0 * self.load_weight
         out = []
         for s in servers:
-            hit = s.cached_tokens(tokens) / n if n else 0.0
+            hit = s.cached_tokens(request) / n if n else 0.0
             queue = (hi - s.waiting) / span if span else 1.0
             out.append(3.0 * hit + lw2 * (queue + 1.0 - s.kv_usage))
         return out

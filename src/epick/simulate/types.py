@@ -64,8 +64,8 @@ class ServerView:
     max_models: int = 0
     epoch: int = 0  # which scrape these metrics come from (0: unknown); the same for every server
     role: str | None = None  # "prefill" or "decode" in a disaggregated fleet (label llm-d.ai/role)
-    # Exact prefix-cache hit, in tokens, of these tokens on this server right now (oracle only).
-    cached_tokens: Callable[[Sequence[int]], int] = field(repr=False, default=lambda tokens: 0)
+    # Exact prefix-cache hit, in tokens, of this request's prompt on this server now (oracle only).
+    cached_tokens: Callable[[SimRequestSpec], int] = field(repr=False, default=lambda request: 0)
 
 
 class RefusedError(Exception):

@@ -3,11 +3,13 @@ target goes to the decode endpoint in header `x-prefiller-host-port`.
 
 In llm-d this PreRequest plugin is what sets the header. epick's front ends always set it when a
 decision disaggregates, naming the target of the profile handler's prefill profile; the plugin, when
-configured, names that profile instead (`prefillProfile`, default "prefill"). `encodeProfile` is
-accepted for llm-d's files; epick has no encode stage.
+configured, names that profile instead (`prefillProfile`, default "prefill"; it must be a profile
+of the config). `encodeProfile` is accepted for llm-d's files; epick has no encode stage.
 """
 
 from __future__ import annotations
+
+from pydantic import Field
 
 from epick.framework import NamedPlugin
 from epick.plugins.registry import Handle, Parameters, PluginSpec
@@ -17,7 +19,7 @@ ALIAS_TYPE = "disagg-headers-handler"
 
 
 class PrefillHeaderParameters(Parameters):
-    prefill_profile: str = "prefill"
+    prefill_profile: str = Field(default="prefill", min_length=1)
     encode_profile: str = "encode"
 
 
@@ -27,6 +29,9 @@ class PrefillHeaderHandler(NamedPlugin):
     def __init__(self, name: str | None = None, prefill_profile: str = "prefill") -> None:
         super().__init__(name)
         self.prefill_profile = prefill_profile
+
+    def required_profiles(self) -> dict[str, str]:
+        return {"prefillProfile": self.prefill_profile}
 
 
 class DisaggHeadersHandler(PrefillHeaderHandler):

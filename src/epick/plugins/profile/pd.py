@@ -10,9 +10,11 @@ takes llm-d's two parameter forms:
   `threshold`. Threshold 0 always disaggregates; without that scorer's match in the cycle nothing
   counts as cached. (llm-d subtracts one matched block for the model name, which its index stored as
   a block; epick's index seeds the chain with the model name instead, so nothing is subtracted.)
-- `deciderPluginName`: the named P/D decider decides (llm-d v0.5 on), as in disagg-profile-handler.
+- `deciderPluginName`: the named P/D decider decides (llm-d v0.5 on), as in disagg-profile-handler
+  (`threshold: 0`, the default, may stand beside it).
 
-`decodeProfile` and `prefillProfile` name the two profiles (defaults decode, prefill). `primaryPort`
+`decodeProfile` and `prefillProfile` name the two profiles (defaults decode, prefill); a config
+without the prefill profile serves every request decode-only, as llm-d does. `primaryPort`
 (llm-d's data-parallel rank routing) is refused: epick does not route to data-parallel ranks.
 """
 
@@ -36,7 +38,7 @@ class PdParameters(Parameters):
     decode_profile: str = "decode"
     prefill_profile: str = "prefill"
     prefix_plugin_type: str = PREFIX_TYPE
-    prefix_plugin_name: str | None = None
+    prefix_plugin_name: str | None = Field(default=None, min_length=1)
     primary_port: int = 0
     decider_plugin_name: str | None = None
 
@@ -46,8 +48,12 @@ class PdParameters(Parameters):
             raise ValueError(
                 "primaryPort (routing to a data-parallel rank's port) is not supported by epick: remove it"
             )
+        if self.prefix_plugin_type != PREFIX_TYPE:
+            raise ValueError(
+                f"prefixPluginType {self.prefix_plugin_type!r}: epick's prefix scorer is {PREFIX_TYPE}"
+            )
         if self.decider_plugin_name is not None and (
-            self.threshold is not None or self.hash_block_size is not None
+            bool(self.threshold) or self.hash_block_size is not None
         ):
             raise ValueError(
                 "give either deciderPluginName or threshold/hashBlockSize, not both: the decider decides"
@@ -74,6 +80,10 @@ class ThresholdRule:
 
 class PdProfileHandler(DisaggProfileHandler):
     plugin_type = TYPE
+
+    def required_profiles(self) -> dict[str, str]:
+        # The prefill profile may be left out (then every request is decode-only), as in llm-d.
+        return {"decodeProfile": self.decode_profile}
 
 
 def _factory(name: str, params: PdParameters, handle: Handle) -> PdProfileHandler:

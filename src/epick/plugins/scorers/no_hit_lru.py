@@ -26,8 +26,8 @@ _REMEMBERED_REQUESTS = 1024  # cold flags kept between scoring and PreRequest
 
 
 class NoHitLruParameters(Parameters):
-    prefix_plugin_name: str = PREFIX_TYPE
-    prefill_profile: str = "prefill"
+    prefix_plugin_name: str = Field(default=PREFIX_TYPE, min_length=1)
+    prefill_profile: str = Field(default="prefill", min_length=1)
     lru_size: int = Field(default=1024, gt=0)
 
 
