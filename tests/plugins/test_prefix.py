@@ -62,8 +62,8 @@ def test_block_count(text: str, bst: int, max_blocks: int, count: int) -> None:
 
 
 def test_hash_chain_formula() -> None:
-    # seed = xxh64(model ‖ salt); h1 = xxh64(block 1, seed); h2 = xxh64(block 2, h1), ...
-    seed = xxhash.xxh64_intdigest(b"modelsalt")
+    # seed = xxh64(model ‖ NUL ‖ salt); h1 = xxh64(block 1, seed); h2 = xxh64(block 2, h1), ...
+    seed = xxhash.xxh64_intdigest(b"model\0salt")
     h1 = xxhash.xxh64_intdigest(b"abcd", seed)
     h2 = xxhash.xxh64_intdigest(b"ef", h1)
     assert hashes("abcdef", "model", salt="salt") == [h1, h2]
@@ -96,6 +96,7 @@ def test_the_trailing_partial_block_is_hashed() -> None:
         ({"model": "m1"}, {"model": "m2"}),
         ({"salt": ""}, {"salt": "tenant-a"}),
         ({"salt": "tenant-a"}, {"salt": "tenant-b"}),
+        ({"model": "ab", "salt": "c"}, {"model": "a", "salt": "bc"}),  # the seed separates the two
     ],
 )
 def test_the_chain_depends_on_model_and_cache_salt(left: dict[str, str], right: dict[str, str]) -> None:

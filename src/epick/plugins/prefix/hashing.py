@@ -2,7 +2,7 @@
 
 The prompt's UTF-8 bytes are cut into blocks of `block_bytes` bytes (at most `max_blocks` of them;
 the scorer's `blockSizeTokens` × 4, or GIE's older `hashBlockSize`). The chain starts from
-xxhash64(model name ‖ cache_salt); each block's hash is xxhash64 of the block seeded with the
+xxhash64(model name ‖ NUL ‖ cache_salt); each block's hash is xxhash64 of the block seeded with the
 previous hash. The Go EPP appends the previous hash to the block instead; both make a block's hash
 depend on everything before it, and the seeded form is one call per block (40% faster here). The
 values differ from Go's, which nothing outside epick ever sees. The trailing partial block is hashed
@@ -25,7 +25,7 @@ def prompt_block_hashes(
     limit = size * max_blocks
     if len(data) > limit:
         data = data[:limit]
-    prev = _xxh64((model + cache_salt).encode())
+    prev = _xxh64(f"{model}\0{cache_salt}".encode())  # NUL: ('ab', 'c') and ('a', 'bc') differ
     hashes = []
     for start in range(0, len(data), size):
         prev = _xxh64(data[start : start + size], prev)
