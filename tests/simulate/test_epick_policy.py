@@ -21,16 +21,22 @@ def policy(body: str) -> EpickPolicy:
     return EpickPolicy("p", load_config_text(HEADER + body, seed=1))
 
 
-SESSION_ONLY = """
+def one_scorer(scorer: str, parameters: str = "") -> str:
+    """A config body: one scorer of this type (with these YAML parameter lines) and max-score-picker."""
+    params = f"  parameters:\n{parameters}" if parameters else ""
+    return f"""
 plugins:
-- type: session-affinity-scorer
-- type: max-score-picker
+- type: {scorer}
+{params}- type: max-score-picker
 schedulingProfiles:
 - name: default
   plugins:
-  - pluginRef: session-affinity-scorer
+  - pluginRef: {scorer}
   - pluginRef: max-score-picker
 """
+
+
+SESSION_ONLY = one_scorer("session-affinity-scorer")
 
 
 def test_a_session_stays_on_the_server_its_token_names() -> None:
@@ -93,18 +99,7 @@ def test_a_trace_model_other_than_the_base_model_is_an_adapter(tmp_path: Path) -
     assert makespan(path) > makespan(base) + 0.5  # four adapters take turns in one slot
 
 
-TOKEN_LOAD = """
-plugins:
-- type: token-load-scorer
-  parameters:
-    queueThresholdTokens: 20000
-- type: max-score-picker
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: token-load-scorer
-  - pluginRef: max-score-picker
-"""
+TOKEN_LOAD = one_scorer("token-load-scorer", "    queueThresholdTokens: 20000\n")
 
 
 def test_configs_that_read_only_the_prompt_length_route_as_if_they_had_the_text() -> None:

@@ -68,17 +68,22 @@ def test_every_request_finishes_or_fails_and_is_reported_once() -> None:
     assert result.requests_per_server == [31, 0]
 
 
+class InFlightWatch(FirstServer):
+    """Records the most requests in flight at once; alternates two servers as requests finish, or
+    keeps to the first."""
+
+    def __init__(self, alternate: bool) -> None:
+        super().__init__()
+        self.alternate = alternate
+        self.max_in_flight = 0
+
+    def route(self, request: SimRequestSpec, servers: Sequence[ServerView], now: float) -> int:
+        self.max_in_flight = max(self.max_in_flight, sum(v.in_flight for v in servers) + 1)
+        return len(self.finished_ids) % 2 if self.alternate else 0
+
+
 def test_closed_loop_keeps_the_concurrency() -> None:
-    class Watch(FirstServer):
-        def __init__(self) -> None:
-            super().__init__()
-            self.max_in_flight = 0
-
-        def route(self, request: SimRequestSpec, servers: Sequence[ServerView], now: float) -> int:
-            self.max_in_flight = max(self.max_in_flight, sum(v.in_flight for v in servers) + 1)
-            return len(self.finished_ids) % 2
-
-    policy = Watch()
+    policy = InFlightWatch(alternate=True)
     result = Fleet(2, ENGINE, policy).run(shared_prefix(40), ClosedLoop(5), random.Random(0))
     assert policy.max_in_flight == 5
     assert len([r for r in result.records if r.finish]) == 40
@@ -105,17 +110,7 @@ def sessions(count: int, turns: int, think: float) -> Iterator[SimRequestSpec]:
 @pytest.mark.parametrize("concurrency", [1, 2, 5])
 def test_closed_loop_runs_every_turn_of_every_session(concurrency: int) -> None:
     """A later turn read after its earlier turn finished starts then (it used to wait forever)."""
-
-    class Watch(FirstServer):
-        def __init__(self) -> None:
-            super().__init__()
-            self.max_in_flight = 0
-
-        def route(self, request: SimRequestSpec, servers: Sequence[ServerView], now: float) -> int:
-            self.max_in_flight = max(self.max_in_flight, sum(v.in_flight for v in servers) + 1)
-            return 0
-
-    policy = Watch()
+    policy = InFlightWatch(alternate=False)
     result = Fleet(2, ENGINE, policy).run(sessions(6, 4, 0.5), ClosedLoop(concurrency), random.Random(0))
     assert [r.failed for r in result.records if r.failed] == []
     assert len(result.records) == 24
