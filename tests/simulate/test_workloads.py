@@ -61,6 +61,11 @@ def test_deterministic_per_seed(workload: Workload) -> None:
 
 
 @pytest.mark.parametrize("workload", SMALL, ids=lambda w: w.kind)
+def test_size_is_the_number_of_requests(workload: Workload) -> None:
+    assert workload.size == len(generate(workload)) > 0
+
+
+@pytest.mark.parametrize("workload", SMALL, ids=lambda w: w.kind)
 def test_stream_is_independent_of_later_draws(workload: Workload) -> None:
     rng = random.Random(7)
     stream = workload.requests(rng)

@@ -348,7 +348,12 @@ def run(args: argparse.Namespace) -> int:
                 if args.requests is not None:
                     specs = itertools.islice(specs, args.requests)
                 label = f"{name} @ {level:g}" if level is not None else f"{name} (trace)"
-                task = progress.add_task(label, total=args.requests)
+                total = (
+                    workload.size
+                    if args.requests is None
+                    else min(args.requests, workload.size or args.requests)
+                )
+                task = progress.add_task(label, total=total)
                 fleet = Fleet(
                     args.servers,
                     engine,

@@ -84,6 +84,11 @@ class Workload(Protocol):
         return ()
 
     @property
+    def size(self) -> int | None:
+        """How many requests it makes, when known in advance (a trace's is not)."""
+        return None
+
+    @property
     def reuses_outputs(self) -> bool:
         """Whether a later prompt may contain an earlier request's output (a conversation's history):
         only then must engines offer output blocks to the prefix cache."""
@@ -226,6 +231,10 @@ class SharedPrefix(Workload):
     output_tokens: int = 256
     shuffle: bool = True
 
+    @property
+    def size(self) -> int | None:
+        return self.groups * self.prompts_per_group
+
     def __post_init__(self) -> None:
         _check_int(self.kind, "groups", self.groups, 1)
         _check_int(self.kind, "prompts_per_group", self.prompts_per_group, 1)
@@ -269,6 +278,10 @@ class LongDocQA(Workload):
     document_tokens: int = 10_000
     question_tokens: int = 64
     output_tokens: int = 128
+
+    @property
+    def size(self) -> int | None:
+        return self.documents * self.questions_per_document
 
     def __post_init__(self) -> None:
         _check_int(self.kind, "documents", self.documents, 1)
@@ -331,6 +344,10 @@ class MultiTurn(Workload):
     user_tokens: int = 128
     output_tokens: int = 256
     think_time_s: float = 4.0
+
+    @property
+    def size(self) -> int | None:
+        return self.sessions * self.turns
 
     def __post_init__(self) -> None:
         _check_int(self.kind, "sessions", self.sessions, 1)
@@ -410,6 +427,10 @@ class ShareGPTLike(Workload):
     output_sigma: float = 0.8
     output_max: int = 2048
 
+    @property
+    def size(self) -> int | None:
+        return self.n
+
     def __post_init__(self) -> None:
         _check_int(self.kind, "n", self.n, 1)
         _check_float(self.kind, "input_median", self.input_median, 0.0, positive=True)
@@ -451,6 +472,10 @@ class LoraMix(Workload):
     base_model_share: float = 0.2
     prompt_tokens: int = 512
     output_tokens: int = 128
+
+    @property
+    def size(self) -> int | None:
+        return self.n
 
     def __post_init__(self) -> None:
         _check_int(self.kind, "n", self.n, 1)
