@@ -93,11 +93,11 @@ def test_bad_files_exit_2_and_list_every_error(tmp_path: Path, capsys: pytest.Ca
         "(run 'epick plugins' to list them; 26 are registered))",
         f"{bad1}: plugins[1].parameters.maxNumOfEndpoints: max-score-picker: Input should be greater than or "
         "equal to 1 (got 0) (fix: correct the value; parameters of this type: maxNumOfEndpoints)",
-        f"{bad2}: apiVersion: 'v2' is not allowed here (fix: use 'inference.networking.x-k8s.io/v1alpha1' "
-        "or 'llm-d.ai/v1alpha1')",
+        f"{bad2}: apiVersion: 'v2' is not allowed here (fix: use 'inference.networking.x-k8s.io/v1alpha1', "
+        "'config.apix.gateway-api-inference-extension.sigs.k8s.io/v1alpha1' or 'llm-d.ai/v1alpha1')",
         f"{bad2}: schedulingProfile: unknown field 'schedulingProfile' (fix: did you mean "
         "'schedulingProfiles'? (allowed here: apiVersion, kind, plugins, schedulingProfiles, featureGates, "
-        "saturationDetector, data, dataLayer, flowControl, parser, requestControl))",
+        "saturationDetector, data, dataLayer, flowControl, parser, requestControl, requestHandler))",
         f"{missing}: cannot read the file: No such file or directory",
     ]
 

@@ -10,6 +10,7 @@ import pytest
 
 from epick.config import LoadedConfig, load_config_file, load_config_text, load_default_config
 from epick.config.defaults import DEFAULT_CONFIG_YAML
+from epick.config.schema import API_VERSIONS
 from epick.framework import Filter, Picker, PreRequest, ResponseComplete, ResponseReceived, Scorer
 from epick.plugins import in_tree_registry
 from epick.plugins.filters.utilization import UtilizationDetector
@@ -175,7 +176,7 @@ def test_lora_config_uses_its_utilization_detector_as_filter_and_saturation_dete
     assert (detector.params.queue_depth_threshold, detector.params.kv_cache_util_threshold) == (5, 0.8)
 
 
-@pytest.mark.parametrize("api_version", ["inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1"])
+@pytest.mark.parametrize("api_version", API_VERSIONS)
 def test_both_api_versions_are_accepted(api_version: str) -> None:
     text = DEFAULT_CONFIG_YAML.replace(f"apiVersion: {V1}", f"apiVersion: {api_version}")
     assert f"apiVersion: {api_version}\n" in text

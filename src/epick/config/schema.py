@@ -6,7 +6,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
+# The GIE's older and current groups, and llm-d's.
+API_VERSIONS = (
+    "inference.networking.x-k8s.io/v1alpha1",
+    "config.apix.gateway-api-inference-extension.sigs.k8s.io/v1alpha1",
+    "llm-d.ai/v1alpha1",
+)
 
 
 class _Strict(BaseModel):
@@ -46,9 +51,11 @@ class SaturationDetectorSection(_Strict):
 
 
 class EndpointPickerConfigFile(_Strict):
-    api_version: Literal["inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1"] = Field(
-        alias="apiVersion"
-    )
+    api_version: Literal[
+        "inference.networking.x-k8s.io/v1alpha1",
+        "config.apix.gateway-api-inference-extension.sigs.k8s.io/v1alpha1",
+        "llm-d.ai/v1alpha1",
+    ] = Field(alias="apiVersion")
     kind: Literal["EndpointPickerConfig"]
     plugins: list[PluginEntry] = Field(default_factory=list)
     scheduling_profiles: list[ProfileEntry] = Field(default_factory=list, alias="schedulingProfiles")
@@ -60,6 +67,7 @@ class EndpointPickerConfigFile(_Strict):
     flow_control: dict[str, Any] | None = Field(default=None, alias="flowControl")
     parser: dict[str, Any] | None = None
     request_control: dict[str, Any] | None = Field(default=None, alias="requestControl")
+    request_handler: dict[str, Any] | None = Field(default=None, alias="requestHandler")
 
     @field_validator("plugins", "scheduling_profiles", "feature_gates", mode="before")
     @classmethod
@@ -73,4 +81,5 @@ IGNORED_SECTIONS = {
     "flow_control": "epick has no flow-control layer yet",
     "parser": "epick parses OpenAI bodies itself",
     "request_control": "epick's request control is configured by flags",
+    "request_handler": "epick parses OpenAI bodies itself",
 }
