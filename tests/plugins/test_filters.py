@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from epick.config import ConfigError, load_config_text
 from epick.framework import CycleState, Endpoint
+from epick.plugins.filters.by_label import ByLabelFilter
 from epick.plugins.filters.label_selector import LabelSelectorFilter, LabelSelectorParameters
 from epick.plugins.filters.role import DecodeFilter, PrefillFilter
 from epick.plugins.filters.utilization import UtilizationDetector, UtilizationParameters
@@ -268,3 +270,59 @@ def test_utilization_filter_in_a_profile_removes_saturated_endpoints() -> None:
     pool = [make_endpoint("busy", queue=7), make_endpoint("ok", queue=4)]
     profile = make_profile(filters=[UtilizationDetector()])
     assert names(make_scheduler(profile).schedule(make_request(), pool).targets) == ["ok"]
+
+
+# by-label (llm-d)
+
+
+def by_label_names(f: ByLabelFilter, endpoints: Sequence[Endpoint]) -> list[str]:
+    return [ep.name for ep in f.filter(make_request(), CycleState(), endpoints)]
+
+
+def test_by_label_keeps_valid_values_and_optionally_unlabelled_endpoints() -> None:
+    pool = [
+        make_endpoint("fast", labels={"tier": "gold"}),
+        make_endpoint("slow", labels={"tier": "bronze"}),
+        make_endpoint("plain"),
+        make_endpoint("blank", labels={"tier": ""}),
+    ]
+    gold = ByLabelFilter(label="tier", valid_values=["gold"])
+    assert by_label_names(gold, pool) == ["fast"]
+    lenient = ByLabelFilter(label="tier", valid_values=["gold"], allows_no_label=True)
+    assert by_label_names(lenient, pool) == ["fast", "plain"]
+    # As llm-d: a missing label reads as the empty value.
+    empty = ByLabelFilter(label="tier", valid_values=[""])
+    assert by_label_names(empty, pool) == ["plain", "blank"]
+
+
+def test_llmd_label_filters_load_by_their_llmd_names() -> None:
+    config = load_config_text(
+        """
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: by-label
+  parameters: {label: tier, validValues: [gold, silver], allowsNoLabel: true}
+- type: by-label-selector
+  parameters:
+    matchExpressions: [{key: zone, operator: NotIn, values: [mars]}]
+- type: random-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: by-label
+  - pluginRef: by-label-selector
+  - pluginRef: random-picker
+""",
+        seed=1,
+    )
+    pool = [
+        make_endpoint("a", labels={"tier": "gold", "zone": "mars"}),
+        make_endpoint("b", labels={"tier": "silver"}),
+        make_endpoint("c", labels={"tier": "bronze"}),
+    ]
+    assert [ep.name for ep in config.scheduler.schedule(make_request(), pool).targets] == ["b"]
+    with pytest.raises(ConfigError, match="label"):
+        load_config_text(
+            "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n- type: by-label\n", seed=1
+        )

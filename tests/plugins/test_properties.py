@@ -34,7 +34,12 @@ from epick.framework import (
     Scorer,
 )
 from epick.plugins import in_tree_plugins
-from epick.plugins.filters.label_selector import LabelSelectorFilter, LabelSelectorParameters
+from epick.plugins.filters.by_label import ByLabelFilter
+from epick.plugins.filters.label_selector import (
+    ByLabelSelectorFilter,
+    LabelSelectorFilter,
+    LabelSelectorParameters,
+)
 from epick.plugins.filters.role import DecodeFilter, PrefillFilter
 from epick.plugins.filters.utilization import UtilizationDetector, UtilizationParameters
 from epick.plugins.pickers.max_score import MaxScorePicker
@@ -161,11 +166,15 @@ class _Handle:
         return random.Random(0)
 
 
+REQUIRED_PARAMETERS = {"by-label": {"label": "tier"}}  # types with a parameter that has no default
+
+
 def in_tree_types(kind: type) -> set[str]:
     """Types of the in-tree plugins that, built with default parameters, implement `kind`."""
     found = set()
     for spec in in_tree_plugins():
-        plugin = spec.factory(spec.type, spec.parameters(), _Handle())
+        params = spec.parameters.model_validate(REQUIRED_PARAMETERS.get(spec.type, {}))
+        plugin = spec.factory(spec.type, params, _Handle())
         if isinstance(plugin, kind) and not hasattr(plugin, "process_results"):
             found.add(spec.type)
     return found
@@ -266,6 +275,8 @@ utilization_params = st.builds(
 def some_filters(selector: LabelSelectorParameters, params: UtilizationParameters) -> list[Any]:
     return [
         LabelSelectorFilter(selector=selector),
+        ByLabelSelectorFilter(selector=selector),
+        ByLabelFilter(label=LABEL_KEYS[0], valid_values=LABEL_VALUES[:1], allows_no_label=True),
         DecodeFilter(),
         PrefillFilter(),
         UtilizationDetector(params=params, clock=FakeClock()),

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from epick.config import LoadedConfig
 from epick.framework import Endpoint, InferenceRequest, Metrics, RequestBody, Response, SchedulingError
 from epick.framework.endpoint import ROLE_LABEL
+from epick.plugins.filters.by_label import ByLabelFilter
 from epick.plugins.filters.label_selector import LabelSelectorFilter
 from epick.plugins.filters.role import RoleFilter
 from epick.plugins.filters.utilization import UtilizationDetector
@@ -44,6 +45,7 @@ from epick.simulate.types import RefusedError, ServerView, SimRequestSpec
 TEXT_BLIND = (
     ActiveRequestScorer,
     AlwaysDisaggDecider,
+    ByLabelFilter,
     DisaggProfileHandler,
     KVCacheUtilizationScorer,
     LabelSelectorFilter,
@@ -70,6 +72,7 @@ TEXT_BLIND = (
 METRICS_BLIND = (
     ActiveRequestScorer,
     AlwaysDisaggDecider,
+    ByLabelFilter,
     DisaggProfileHandler,
     LabelSelectorFilter,
     MaxScorePicker,

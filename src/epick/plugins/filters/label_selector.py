@@ -1,4 +1,5 @@
-"""`label-selector-filter`: keep endpoints whose labels match a Kubernetes label selector.
+"""`label-selector-filter`: keep endpoints whose labels match a Kubernetes label selector
+(`by-label-selector` is llm-d's name for the same filter).
 
 `matchLabels` (every key equal) and `matchExpressions` (operators In, NotIn, Exists, DoesNotExist)
 are ANDed, as in Kubernetes. An empty selector keeps every endpoint.
@@ -15,6 +16,7 @@ from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin
 from epick.plugins.registry import Handle, Parameters, PluginSpec
 
 TYPE = "label-selector-filter"
+LLMD_TYPE = "by-label-selector"
 
 
 class LabelSelectorRequirement(Parameters):
@@ -65,8 +67,19 @@ class LabelSelectorFilter(NamedPlugin):
         return [ep for ep in endpoints if self.matches(ep.labels)]
 
 
+class ByLabelSelectorFilter(LabelSelectorFilter):
+    plugin_type = LLMD_TYPE
+
+
 def _factory(name: str, params: LabelSelectorParameters, handle: Handle) -> LabelSelectorFilter:
     return LabelSelectorFilter(name, params)
 
 
+def _llmd_factory(name: str, params: LabelSelectorParameters, handle: Handle) -> LabelSelectorFilter:
+    return ByLabelSelectorFilter(name, params)
+
+
 SPEC = PluginSpec(TYPE, _factory, LabelSelectorParameters, "keep endpoints matching a label selector")
+LLMD_SPEC = PluginSpec(
+    LLMD_TYPE, _llmd_factory, LabelSelectorParameters, "llm-d's name for label-selector-filter"
+)
