@@ -1,33 +1,73 @@
 """Blocks per request and automatic prefix caching, over a `BlockPool`.
 
 A full block's hash covers its tokens, its parent block's hash and the request's LoRA adapter, so
-equal hashes mean equal prefixes. Only full blocks are cached. When a whole prompt is cached, its
-last block is recomputed anyway (a step needs at least one token to produce the next), as in vLLM.
+equal hashes mean equal prefixes (xxhash64: the same in every process). Only full blocks are
+cached. When a whole prompt is cached, its last block is recomputed anyway (a step needs at least
+one token to produce the next), as in vLLM.
 """
 
 from __future__ import annotations
 
+import struct
+from array import array
 from collections.abc import Sequence
+
+import xxhash
 
 from epick.sim.engine.block_pool import BlockPool
 from epick.sim.engine.request import SimRequest
 
-_MASK = (1 << 64) - 1
+_xxh64 = xxhash.xxh64_intdigest
+_WIDE = b"\xff"  # marks a block holding a token id of 2**16 or more (stored as 4 bytes per token)
 
 
-def block_hash(parent: int | None, tokens: tuple[int, ...], lora_id: int | None) -> int:
-    # Python's tuple-of-int hash is deterministic across processes (no hash randomisation for ints).
-    return hash((parent, lora_id, tokens)) & _MASK
+def _root(lora_id: int | None) -> int:
+    """The seed of a chain's first block: one per adapter, so adapters never share blocks."""
+    return _xxh64(b"" if lora_id is None else b"lora:%d" % lora_id)
+
+
+def block_hash(parent: int | None, tokens: Sequence[int], lora_id: int | None) -> int:
+    """A full block's hash: xxhash64 of its token ids, seeded with its parent block's hash (the
+    chain's root for the first block), so equal hashes mean equal prefixes."""
+    return chain_hashes(tokens, 0, 1, block_size=len(tokens), parent=parent, lora_id=lora_id)[0]
 
 
 def chain_hashes(
     tokens: Sequence[int], start: int, end: int, *, block_size: int, parent: int | None, lora_id: int | None
 ) -> list[int]:
-    """The hashes of full blocks start … end−1 of `tokens`, chained on from `parent` (block start−1's)."""
+    """The hashes of full blocks start … end−1 of `tokens`, chained on from `parent` (block start−1's).
+
+    A block is hashed as its token ids in 16 bits each (one buffer for the whole range, sliced per
+    block: a call per block and no int objects); a block holding a larger id is hashed in 32 bits
+    with a marker, so the same tokens hash the same whatever sequence type holds them."""
+    seed = parent if parent is not None else _root(lora_id)
+    lo, hi = start * block_size, end * block_size
+    if isinstance(tokens, array) and tokens.typecode == "H":
+        data = tokens[lo:hi].tobytes()
+    else:
+        part = tokens[lo:hi]
+        try:
+            data = struct.pack(f"={len(part)}H", *part)  # as array("H").tobytes(), three times faster
+        except struct.error:
+            return _chain_wide(tokens, lo, hi, block_size, seed)
     hashes = []
-    for i in range(start * block_size, end * block_size, block_size):
-        parent = block_hash(parent, tuple(tokens[i : i + block_size]), lora_id)
-        hashes.append(parent)
+    width = 2 * block_size
+    for offset in range(0, len(data), width):
+        seed = _xxh64(data[offset : offset + width], seed)
+        hashes.append(seed)
+    return hashes
+
+
+def _chain_wide(tokens: Sequence[int], lo: int, hi: int, block_size: int, seed: int) -> list[int]:
+    hashes = []
+    for i in range(lo, hi, block_size):
+        block = tokens[i : i + block_size]
+        try:
+            data = array("H", block).tobytes()
+        except OverflowError:
+            data = _WIDE + array("I", block).tobytes()
+        seed = _xxh64(data, seed)
+        hashes.append(seed)
     return hashes
 
 
@@ -54,11 +94,11 @@ class KVCacheManager:
             hashes += chain_hashes(
                 req.prompt_token_ids, have, in_prompt, block_size=bs, parent=parent, lora_id=lora_id
             )
-        while len(hashes) < want:  # blocks holding generated tokens
-            start = len(hashes) * bs
-            hashes.append(
-                block_hash(hashes[-1] if hashes else None, tuple(req.tokens(start, start + bs)), lora_id)
-            )
+        have = len(hashes)
+        if have < want:  # blocks holding generated tokens: spelled once, then hashed
+            tokens = req.tokens(have * bs, want * bs)
+            parent = hashes[-1] if hashes else None
+            hashes += chain_hashes(tokens, 0, want - have, block_size=bs, parent=parent, lora_id=lora_id)
 
     def computed_blocks(self, req: SimRequest) -> list[int]:
         """The cached blocks that hold a prefix of this request's tokens (none when caching is off)."""
