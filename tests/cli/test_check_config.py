@@ -90,7 +90,7 @@ def test_bad_files_exit_2_and_list_every_error(tmp_path: Path, capsys: pytest.Ca
     assert "bad2" not in out
     assert err.splitlines() == [
         f"{bad1}: plugins[0].type: unknown plugin type 'queue-scorrer' (fix: did you mean 'queue-scorer'? "
-        "(run 'epick plugins' to list them; 28 are registered))",
+        "(run 'epick plugins' to list them; 38 are registered))",
         f"{bad1}: plugins[1].parameters.maxNumOfEndpoints: max-score-picker: Input should be greater than or "
         "equal to 1 (got 0) (fix: correct the value; parameters of this type: maxNumOfEndpoints)",
         f"{bad2}: apiVersion: 'v2' is not allowed here (fix: use 'inference.networking.x-k8s.io/v1alpha1', "
@@ -120,7 +120,7 @@ def test_plugins_lists_all_in_tree_types(capsys: pytest.CaptureFixture[str]) -> 
     out, _ = capsys.readouterr()
     listed = [line.split()[0] for line in out.splitlines()]
     in_tree = [spec.type for spec in in_tree_plugins()]
-    assert len(in_tree) == 28
+    assert len(in_tree) == 38
     assert set(in_tree) <= set(listed)
     # Exactly the registered types (in-tree plus any installed out-of-tree ones), each once.
     assert sorted(listed) == default_registry()[0].types()

@@ -41,6 +41,10 @@ class NamedPlugin:
     def name(self) -> str:
         return self._typed_name.name
 
+    def retype(self, plugin_type: str) -> None:
+        """Answer to another type name: a plugin built under an alias of its type reports the alias."""
+        self._typed_name = TypedName(plugin_type, self._typed_name.name)
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self._typed_name}>"
 

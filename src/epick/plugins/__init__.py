@@ -1,6 +1,6 @@
 """The in-tree plugins, each in its own module, listed in one place."""
 
-from epick.plugins.filters import by_label, label_selector, role, utilization
+from epick.plugins.filters import by_label, classic, label_selector, role, utilization
 from epick.plugins.pickers import max_score, random_picker, round_robin, weighted_random
 from epick.plugins.prefix import scorer as prefix_scorer
 from epick.plugins.prerequest import prefill_header
@@ -39,6 +39,7 @@ def in_tree_plugins() -> list[PluginSpec]:
         label_selector.SPEC,
         label_selector.LLMD_SPEC,
         by_label.SPEC,
+        *classic.specs(),
         role.DECODE_SPEC,
         role.PREFILL_SPEC,
         utilization.SPEC,

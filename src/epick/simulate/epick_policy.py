@@ -14,6 +14,13 @@ from epick.config import LoadedConfig
 from epick.framework import Endpoint, InferenceRequest, Metrics, RequestBody, Response, SchedulingError
 from epick.framework.endpoint import ROLE_LABEL
 from epick.plugins.filters.by_label import ByLabelFilter
+from epick.plugins.filters.classic import (
+    DecisionTreeFilter,
+    LeastKVCacheFilter,
+    LeastQueueFilter,
+    LoraAffinityFilter,
+    LowQueueFilter,
+)
 from epick.plugins.filters.label_selector import LabelSelectorFilter
 from epick.plugins.filters.role import RoleFilter
 from epick.plugins.filters.utilization import UtilizationDetector
@@ -46,6 +53,11 @@ TEXT_BLIND = (
     ActiveRequestScorer,
     AlwaysDisaggDecider,
     ByLabelFilter,
+    DecisionTreeFilter,
+    LeastKVCacheFilter,
+    LeastQueueFilter,
+    LoraAffinityFilter,
+    LowQueueFilter,
     DisaggProfileHandler,
     KVCacheUtilizationScorer,
     LabelSelectorFilter,
@@ -73,6 +85,7 @@ METRICS_BLIND = (
     ActiveRequestScorer,
     AlwaysDisaggDecider,
     ByLabelFilter,
+    DecisionTreeFilter,
     DisaggProfileHandler,
     LabelSelectorFilter,
     MaxScorePicker,
