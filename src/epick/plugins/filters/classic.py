@@ -16,8 +16,9 @@ plugins), under both of their type names (`low-queue-filter` and, later, `low-qu
 
 from __future__ import annotations
 
+import operator
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -49,12 +50,8 @@ class LeastQueueFilter(NamedPlugin):
     def filter(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
     ) -> list[Endpoint]:
-        if not endpoints:
-            return []
         queues = [ep.metrics.waiting_queue_size for ep in endpoints]
-        lo = min(queues)
-        top = lo + (max(queues) - lo) // len(endpoints)
-        return [ep for ep, q in zip(endpoints, queues, strict=True) if q <= top]
+        return _lowest_nth(endpoints, queues, operator.floordiv)
 
 
 class LeastKVCacheFilter(NamedPlugin):
@@ -63,12 +60,19 @@ class LeastKVCacheFilter(NamedPlugin):
     def filter(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
     ) -> list[Endpoint]:
-        if not endpoints:
-            return []
         usage = [ep.metrics.kv_cache_usage_percent for ep in endpoints]
-        lo = min(usage)
-        top = lo + (max(usage) - lo) / len(endpoints)
-        return [ep for ep, u in zip(endpoints, usage, strict=True) if u <= top]
+        return _lowest_nth(endpoints, usage, operator.truediv)
+
+
+def _lowest_nth(
+    endpoints: Sequence[Endpoint], values: list[Any], divide: Callable[[Any, int], Any]
+) -> list[Endpoint]:
+    """The endpoints whose value is at most min + divide(max − min, n)."""
+    if not endpoints:
+        return []
+    lo = min(values)
+    top = lo + divide(max(values) - lo, len(endpoints))
+    return [ep for ep, v in zip(endpoints, values, strict=True) if v <= top]
 
 
 class LoraAffinityParameters(Parameters):
