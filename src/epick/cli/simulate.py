@@ -25,7 +25,7 @@ from epick.simulate.epick_policy import EpickPolicy
 from epick.simulate.fleet import Arrivals, ClosedLoop, Fleet, Poisson
 from epick.simulate.report import SLO, summarize
 from epick.simulate.types import Policy
-from epick.simulate.workloads import Trace, Workload, WorkloadError, build_workload
+from epick.simulate.workloads import WORKLOADS, Trace, Workload, WorkloadError, build_workload
 
 # Policies that are epick configs (the same files ship under config/; a test keeps them equal).
 CONFIG_POLICIES = {
@@ -154,8 +154,7 @@ def policy_factories(args: argparse.Namespace) -> list[tuple[str, PolicyFactory]
             elif name in POLICIES:
                 factory = _baseline_policy(POLICIES[name])
             else:
-                known = ["default", *CONFIG_POLICIES, *POLICIES]
-                raise UsageError(f"unknown --policy {name!r}; choose from {', '.join(known)}")
+                raise UsageError(f"unknown --policy {name!r}; choose from {', '.join(_policy_names())}")
         else:
             load_config_file(value)  # fail early, with the file's errors
             path = Path(value)
@@ -172,6 +171,12 @@ def policy_factories(args: argparse.Namespace) -> list[tuple[str, PolicyFactory]
     if not out:
         raise UsageError("give at least one --policy or --config")
     return out
+
+
+def _policy_names() -> list[str]:
+    from epick.simulate.policies import POLICIES
+
+    return ["default", *CONFIG_POLICIES, *POLICIES]
 
 
 def _config_policy(name: str, text: str | None) -> PolicyFactory:
@@ -245,7 +250,10 @@ def _check_output(path: str | None, flag: str, suffix: str | None = None) -> Non
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("simulate", help="compare routing policies on a simulated fleet, in virtual time")
     p.add_argument(
-        "--policy", action=_InOrder, default=[], help="a named policy (repeatable; rows keep the order given)"
+        "--policy",
+        action=_InOrder,
+        default=[],
+        help=f"a named policy: {', '.join(_policy_names())} (repeatable; rows keep the order given)",
     )
     p.add_argument(
         "--config",
@@ -260,8 +268,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=0,
         help="of the servers, how many have role prefill (the rest decode): for P/D configs",
     )
-    p.add_argument("--workload", default="shared-prefix")
-    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="workload parameter")
+    p.add_argument("--workload", default="shared-prefix", help=f"{', '.join(WORKLOADS)} (docs/workloads.md)")
+    p.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a workload parameter (repeatable; names and defaults in docs/workloads.md)",
+    )
     load = p.add_mutually_exclusive_group()
     load.add_argument(
         "--qps",
