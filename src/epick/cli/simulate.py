@@ -116,7 +116,7 @@ def _is_number(text: str) -> bool:
 
 
 class _InOrder(argparse.Action):
-    """--policy and --config, kept in one list in the order given: (kind, value)."""
+    """--policy and --config, kept in one list (`policies`) in the order given: (kind, value)."""
 
     def __call__(
         self,
@@ -125,10 +125,8 @@ class _InOrder(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> None:
-        setattr(namespace, self.dest, [*getattr(namespace, self.dest), values])  # never the shared default
-        order = getattr(namespace, "policy_order", None) or []
-        order.append((self.dest, values))
-        namespace.policy_order = order
+        kind = (option_string or "--policy").removeprefix("--")
+        setattr(namespace, self.dest, [*getattr(namespace, self.dest), (kind, values)])  # a new list
 
 
 class UsageError(Exception):
@@ -141,12 +139,9 @@ def policy_factories(args: argparse.Namespace) -> list[tuple[str, PolicyFactory]
     (without extension), and by a #2, #3… suffix after that."""
     from epick.simulate.policies import POLICIES
 
-    order = getattr(args, "policy_order", None)
-    if order is None:  # built without the parser's actions (tests)
-        order = [("policy", n) for n in args.policy] + [("config", p) for p in args.config]
     out: list[tuple[str, PolicyFactory]] = []
     taken: set[str] = set()
-    for kind, value in order:
+    for kind, value in args.policies:
         if kind == "policy":
             name = value
             if name == "default" or name in CONFIG_POLICIES:
@@ -251,14 +246,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser("simulate", help="compare routing policies on a simulated fleet, in virtual time")
     p.add_argument(
         "--policy",
+        dest="policies",
+        metavar="NAME",
         action=_InOrder,
         default=[],
         help=f"a named policy: {', '.join(_policy_names())} (repeatable; rows keep the order given)",
     )
     p.add_argument(
         "--config",
+        dest="policies",
+        metavar="FILE",
         action=_InOrder,
-        default=[],
         help="an EndpointPickerConfig file to run as a policy (repeatable)",
     )
     p.add_argument("--servers", type=positive_int, default=8)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import random
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,18 +81,9 @@ class LoadedConfig:
     hooks: RequestHooks
     saturation_detector: UtilizationDetector
     warnings: list[str]
-
-    @property
-    def prefill_profile(self) -> str:
-        """The profile whose target prefills a disaggregated request (`x-prefiller-host-port`): as a
-        prefill-header-handler names it, else the P/D profile handler's, else "prefill"."""
-        for plugin in self.plugins.values():
-            if isinstance(plugin, PrefillHeaderHandler):
-                return plugin.prefill_profile
-        handler = self.scheduler.handler
-        if isinstance(handler, DisaggProfileHandler):
-            return handler.prefill_profile
-        return DEFAULT_PREFILL_PROFILE
+    # The profile whose target prefills a disaggregated request (`x-prefiller-host-port`): as a
+    # prefill-header-handler names it, else the P/D profile handler's, else "prefill".
+    prefill_profile: str = DEFAULT_PREFILL_PROFILE
 
     def summary(self) -> list[str]:
         """One line per profile, then the handler: what `epick check-config` prints."""
@@ -104,6 +95,15 @@ class LoadedConfig:
             lines.append(f"profile {profile.name}: filters [{filters}]; scorers [{scorers}]; picker {picker}")
         lines.append(f"profile handler: {self.scheduler.handler.typed_name}")
         return lines
+
+
+def _prefill_profile(plugins: Iterable[Plugin], handler: ProfileHandler) -> str:
+    for plugin in plugins:
+        if isinstance(plugin, PrefillHeaderHandler):
+            return plugin.prefill_profile
+    if isinstance(handler, DisaggProfileHandler):
+        return handler.prefill_profile
+    return DEFAULT_PREFILL_PROFILE
 
 
 def load_config_file(
@@ -313,6 +313,7 @@ class _Builder:
             hooks=RequestHooks.from_plugins(plugins),
             saturation_detector=detector,
             warnings=self.warnings,
+            prefill_profile=_prefill_profile(self.instances.values(), handler),
         )
 
     def _index_plugins(self) -> None:

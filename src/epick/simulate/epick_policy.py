@@ -115,7 +115,6 @@ class EpickPolicy:
         self._snapshot_key: tuple[object, ...] = ()
         self._requests: dict[str, tuple[InferenceRequest, Endpoint]] = {}
         self._prefill: int | None = None  # the prefill server of the request routed last
-        self._prefill_profile = config.prefill_profile
         self._session_headers: dict[str, dict[str, str]] = {}  # per session: from its last response
 
     def _candidates(self, servers: Sequence[ServerView]) -> tuple[Endpoint, ...]:
@@ -173,7 +172,7 @@ class EpickPolicy:
         self._requests[request.request_id] = (req, target)
         # Disaggregated, as the service reads a decision: the prefill profile's target computes the
         # prompt when that profile ran and is not the primary.
-        prefill = prefill_target(result, self._prefill_profile)
+        prefill = prefill_target(result, self.config.prefill_profile)
         if prefill is not None:
             self._prefill = int(prefill.port) - 8000
         return int(target.port) - 8000

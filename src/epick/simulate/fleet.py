@@ -220,8 +220,8 @@ class Fleet:
         try:
             server = self.policy.route(spec, self.views, now)
         except RefusedError as e:
-            self._records[spec.request_id] = RequestRecord(spec.request_id, -1, None, now, failed=str(e))
-            self._records[spec.request_id].finish = now
+            record = RequestRecord(spec.request_id, -1, None, now, finish=now, failed=str(e))
+            self._records[spec.request_id] = record
             return
         prefill = self._disaggregating.prefill_server(spec) if self._disaggregating is not None else None
         if prefill == server:
