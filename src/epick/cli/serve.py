@@ -54,6 +54,8 @@ class ServeOptions:
     objectives: tuple[tuple[str, int], ...] = ()
     pool_name: str = "epick"
     seed: int | None = None
+    # Both front ends refuse larger request bodies with 413; None: the proxy's limit (or its default).
+    max_body_bytes: int | None = None
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -94,7 +96,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--metrics-staleness-threshold", default=None, help="metrics older than this count as saturated"
     )
-    p.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024)
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=16 * 1024 * 1024,
+        help="largest request body (413 above), both front ends",
+    )
     p.add_argument("--connect-timeout", default="5s")
     p.add_argument("--read-timeout", default="600s", help="longest silence between chunks of a response")
     p.add_argument(
@@ -174,6 +181,7 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
             metrics_staleness_threshold=staleness,
             objectives=tuple(objectives),
             pool_name=args.pool_name or "epick",
+            max_body_bytes=args.max_body_bytes,
         )
     except (DiscoveryError, ValueError) as e:
         raise SystemExit(f"epick serve: {e}") from None
@@ -193,7 +201,8 @@ class Service:
         self.director = Director(
             self._prepare(self.config),
             self.datastore,
-            max_body_bytes=options.proxy.max_body_bytes if options.proxy else ProxyOptions().max_body_bytes,
+            max_body_bytes=options.max_body_bytes
+            or (options.proxy.max_body_bytes if options.proxy else ProxyOptions().max_body_bytes),
             objectives=dict(options.objectives),
             known_models=self.catalog.known,
             observer=self.metrics,

@@ -1,0 +1,299 @@
+"""One ext_proc stream, as a state machine: Envoy's messages for a request and its response in, epick's
+answers out, for every body mode a gateway can configure.
+
+Envoy names its body modes in the first message (`protocol_config`); what each needs of epick:
+
+- `BUFFERED` / `BUFFERED_PARTIAL`: the headers are answered at once and held by Envoy; the body comes in
+  one message and its answer carries the routing (header mutation, cleared route cache).
+- `STREAMED`: as buffered when the body comes in one message. A body in several messages cannot be
+  routed: Envoy waits for each chunk's answer and then sends the headers upstream, before epick has the
+  body. Such a request gets a 500 that names the setting (and epick logs it once); with
+  `send_body_without_waiting_for_header_response` it works as full duplex below, where epick answers
+  every chunk but the last with an emptied body and sends the whole body back in the last answer.
+- `FULL_DUPLEX_STREAMED` (GIE's and llm-d's gateway settings), or any mode with
+  `send_body_without_waiting_for_header_response`: Envoy sends the body without waiting. epick answers
+  the headers only once the body is complete, with the routing, then sends the body back as streamed
+  chunks; request trailers, when they come, end the body. Response chunks are echoed back as they come.
+- `NONE` and `GRPC` request bodies cannot be routed (the model is in the body): every request gets a
+  500 with a JSON body that names the setting, and epick logs it once per mode.
+
+When Envoy sends no `protocol_config` (older versions), the request body is treated as `STREAMED`, which
+also serves `BUFFERED`, and response chunks are acknowledged without being echoed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from epick.extproc import messages
+from epick.framework import Endpoint, Response
+from epick.framework.request import RequestKind
+from epick.requestcontrol.director import Decision, Director
+from epick.requestcontrol.errors import RequestError, too_large
+
+log = logging.getLogger(__name__)
+
+_Mode = processing_mode_pb2.ProcessingMode
+NONE = _Mode.NONE
+STREAMED = _Mode.STREAMED
+BUFFERED = _Mode.BUFFERED
+BUFFERED_PARTIAL = _Mode.BUFFERED_PARTIAL
+FULL_DUPLEX_STREAMED = _Mode.FULL_DUPLEX_STREAMED
+GRPC = _Mode.GRPC
+_UNROUTABLE = {NONE: "NONE", GRPC: "GRPC"}
+_logged_unroutable: set[str] = set()
+
+
+def _kind(path: str) -> RequestKind | None:
+    path = path.split("?", 1)[0].rstrip("/")
+    if path.endswith("/chat/completions"):
+        return "chat"
+    if path.endswith("/completions"):
+        return "completion"
+    return None
+
+
+def _mode_error(setting: str) -> RequestError:
+    return RequestError(
+        500,
+        f"epick cannot serve the gateway's ext_proc {setting}: it routes on the model and prompt in "
+        "the request body and passes HTTP bodies; set request_body_mode and response_body_mode to "
+        "FULL_DUPLEX_STREAMED (as GIE's gateways do), BUFFERED or STREAMED",
+        "extproc_mode_unsupported",
+    )
+
+
+_STREAMED_IN_PIECES = RequestError(
+    500,
+    "epick cannot route a request body that comes in several messages under the gateway's ext_proc "
+    "request_body_mode STREAMED: Envoy sends the headers upstream before the body is complete; set "
+    "request_body_mode to FULL_DUPLEX_STREAMED (as GIE's gateways do) or BUFFERED, or set "
+    "send_body_without_waiting_for_header_response",
+    "extproc_mode_unsupported",
+)
+
+
+@dataclass(slots=True)
+class Modes:
+    request_body: int = STREAMED
+    response_body: int = STREAMED
+    early_body: bool = False  # send_body_without_waiting_for_header_response
+
+    @classmethod
+    def of(cls, config: pb.ProtocolConfiguration) -> Modes:
+        return cls(
+            config.request_body_mode,
+            config.response_body_mode,
+            config.send_body_without_waiting_for_header_response,
+        )
+
+    @property
+    def headers_wait_for_body(self) -> bool:
+        """Envoy sends the body before its headers are answered, so they are answered with the routing."""
+        return self.request_body == FULL_DUPLEX_STREAMED or self.early_body
+
+
+@dataclass(slots=True)
+class Exchange:
+    """The state of one stream. `handle` takes each message and returns what to send back, in order;
+    after an immediate response `closed` is true and the stream should end."""
+
+    director: Director
+    modes: Modes = field(default_factory=Modes)
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytearray = field(default_factory=bytearray)
+    unanswered_chunks: int = 0  # body messages not yet answered (headers answered late)
+    chunks: int = 0
+    decision: Decision | None = None
+    response: Response | None = None
+    completed: bool = False
+    closed: bool = False
+
+    def handle(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        if message.HasField("protocol_config"):
+            self.modes = Modes.of(message.protocol_config)
+        kind = message.WhichOneof("request")
+        if kind == "request_headers":
+            return self._request_headers(message.request_headers)
+        if kind == "request_body":
+            return self._request_body(message.request_body)
+        if kind == "request_trailers":
+            return self._request_trailers()
+        if kind == "response_headers":
+            return [self._response_headers(message.response_headers)]
+        if kind == "response_body":
+            return self._response_body(message.response_body)
+        if kind == "response_trailers":
+            self._complete(None)
+            return [pb.ProcessingResponse(response_trailers=pb.TrailersResponse())]
+        return []
+
+    # The request.
+
+    def _request_headers(self, message: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
+        self.headers = messages.headers_of(message)
+        if message.end_of_stream:  # no body will follow
+            return self._route(phase="headers", more=False)
+        unroutable = _UNROUTABLE.get(self.modes.request_body)
+        if unroutable is not None:
+            setting = f"request_body_mode {unroutable}"
+            return self._fail(_mode_error(setting), log_once=setting)
+        if self.modes.response_body == GRPC:
+            return self._fail(_mode_error("response_body_mode GRPC"), log_once="response_body_mode GRPC")
+        if self.modes.headers_wait_for_body:
+            return []
+        return [pb.ProcessingResponse(request_headers=pb.HeadersResponse())]
+
+    def _request_body(self, message: pb.HttpBody) -> list[pb.ProcessingResponse]:
+        if self.decision is not None:  # more body after routing: only a partial buffer does this
+            return [pb.ProcessingResponse(request_body=pb.BodyResponse())]
+        self.body += message.body
+        self.chunks += 1
+        limit = self.director.max_body_bytes
+        if len(self.body) > limit:
+            return self._fail(too_large(len(self.body), limit))
+        whole = message.end_of_stream or self.modes.request_body in (BUFFERED, BUFFERED_PARTIAL)
+        if whole:
+            return self._route(phase="body", more=not message.end_of_stream)
+        if self.modes.request_body == FULL_DUPLEX_STREAMED:
+            return []
+        if self.modes.headers_wait_for_body:
+            self.unanswered_chunks += 1
+            return []
+        # STREAMED, headers answered: Envoy waits for this chunk's answer, and once it has one it sends
+        # the headers upstream, before epick has the body to route on.
+        return self._fail(_STREAMED_IN_PIECES, log_once="streamed-in-pieces")
+
+    def _request_trailers(self) -> list[pb.ProcessingResponse]:
+        trailers = pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
+        if self.decision is not None:
+            return [trailers]
+        if self.modes.request_body == FULL_DUPLEX_STREAMED or self.modes.headers_wait_for_body:
+            return [*self._route(phase="body", more=True), trailers]
+        # STREAMED, headers answered, and the body ended without end_of_stream: as a body in pieces.
+        return self._fail(_STREAMED_IN_PIECES, log_once="streamed-in-pieces")
+
+    def _route(self, *, phase: str, more: bool) -> list[pb.ProcessingResponse]:
+        """Decide, and answer with the routing. `phase` is the message that completed the request
+        (headers with no body, or the body); `more` is true when trailers follow the body."""
+        received = bytes(self.body)
+        try:
+            decision = self.director.decide(received, self.headers, _kind(self.headers.get(":path", "")))
+        except RequestError as e:
+            return self._fail(e)
+        self.decision = decision
+        metadata = messages.destinations(decision)
+        if phase == "headers":
+            common = messages.routing(decision, content_length=None)
+            return [
+                pb.ProcessingResponse(
+                    request_headers=pb.HeadersResponse(response=common), dynamic_metadata=metadata
+                )
+            ]
+        rewritten = decision.body != received
+        if self.modes.request_body == FULL_DUPLEX_STREAMED:
+            headers = messages.routing(decision, content_length=len(decision.body))
+            return [
+                pb.ProcessingResponse(
+                    request_headers=pb.HeadersResponse(response=headers), dynamic_metadata=metadata
+                ),
+                *(
+                    pb.ProcessingResponse(request_body=pb.BodyResponse(response=chunk))
+                    for chunk in messages.streamed_chunks(decision.body, end_of_stream=not more)
+                ),
+            ]
+        answers: list[pb.ProcessingResponse] = []
+        length = len(decision.body) if rewritten else None
+        if self.modes.headers_wait_for_body:
+            routing = messages.routing(decision, content_length=length)
+            answers.append(
+                pb.ProcessingResponse(
+                    request_headers=pb.HeadersResponse(response=routing), dynamic_metadata=metadata
+                )
+            )
+            answers.extend(_emptied_chunk() for _ in range(self.unanswered_chunks))
+            last = pb.CommonResponse()
+            last_metadata = None
+        else:
+            last = messages.routing(decision, content_length=length)
+            last_metadata = metadata
+        if rewritten or self.chunks > 1:
+            last.body_mutation.body = decision.body
+        answers.append(
+            pb.ProcessingResponse(request_body=pb.BodyResponse(response=last), dynamic_metadata=last_metadata)
+        )
+        return answers
+
+    def _fail(self, error: RequestError, log_once: str | None = None) -> list[pb.ProcessingResponse]:
+        if log_once is not None and log_once not in _logged_unroutable:
+            _logged_unroutable.add(log_once)
+            log.error("%s", error.message)
+        self.closed = True
+        return [messages.immediate(error)]
+
+    # The response.
+
+    def _response_headers(self, message: pb.HttpHeaders) -> pb.ProcessingResponse:
+        answer = pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+        d = self.decision
+        if d is None:
+            return answer
+        headers = messages.headers_of(message)
+        status = int(headers.get(":status", "200") or 200)
+        streaming = d.request.body.stream
+        self.response = Response(d.request.request_id, status=status, headers=headers, streaming=streaming)
+        self.director.response_received(d.request, self.response, self.endpoint)
+        if self.response.add_headers:
+            answer.response_headers.response.header_mutation.set_headers.extend(
+                messages.header(k, v) for k, v in self.response.add_headers.items()
+            )
+        if message.end_of_stream:
+            self._complete(None)
+        return answer
+
+    def _response_body(self, message: pb.HttpBody) -> list[pb.ProcessingResponse]:
+        d, response = self.decision, self.response
+        if d is not None and response is not None:
+            response.chunk = message.body
+            self.director.response_streaming(d.request, response, self.endpoint)
+            if message.end_of_stream:
+                self._complete(None)
+        if self.modes.response_body == FULL_DUPLEX_STREAMED:
+            return [
+                pb.ProcessingResponse(response_body=pb.BodyResponse(response=chunk))
+                for chunk in messages.streamed_chunks(message.body, end_of_stream=message.end_of_stream)
+            ]
+        return [pb.ProcessingResponse(response_body=pb.BodyResponse())]
+
+    @property
+    def endpoint(self) -> Endpoint:
+        assert self.decision is not None
+        return self.decision.targets[0]
+
+    def _complete(self, error: str | None) -> None:
+        d = self.decision
+        if self.completed or d is None:
+            return
+        self.completed = True
+        response = self.response or Response(d.request.request_id, status=0)
+        response.end_of_stream = True
+        response.chunk = b""
+        if error is not None and response.status == 0:
+            response.error = error
+        self.director.response_complete(d.request, response, self.endpoint)
+
+    def abandon(self) -> None:
+        """The stream ended: a response that did not finish is reported complete, with an error."""
+        self._complete("stream ended before the response did")
+
+
+def _emptied_chunk() -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(
+        request_body=pb.BodyResponse(
+            response=pb.CommonResponse(body_mutation=pb.BodyMutation(clear_body=True))
+        )
+    )
