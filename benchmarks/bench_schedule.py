@@ -4,6 +4,10 @@ For 8, 64, 256 and 1024 endpoints and prompts of 1k, 8k and 32k tokens (characte
 config schedules a stream of requests from 32 shared-prefix groups over endpoints with random
 metrics; after each decision the PreRequest hooks run (as in the service), so the prefix index grows
 as it would in production. Only `schedule()` is timed. Run: `make bench` (or with --quick).
+
+The default config runs twice: on a plain list of endpoints (no snapshot version: every scorer runs
+for every request) and on a versioned `Snapshot`, as the service's data layer hands it out between
+two scrapes (scorers that declare they read only metrics run once per version).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from rich.table import Table
 
 from epick.cli.simulate import CONFIG_POLICIES
 from epick.config import LoadedConfig, load_config_text, load_default_config
-from epick.framework import Endpoint, InferenceRequest, Metrics
+from epick.framework import Endpoint, InferenceRequest, Metrics, Snapshot
 
 RANDOM_ONLY = CONFIG_POLICIES["random"]
 
@@ -58,7 +62,7 @@ def prompts(tokens: int, count: int, rng: random.Random) -> list[InferenceReques
 
 
 def measure(
-    config: LoadedConfig, eps: list[Endpoint], requests: list[InferenceRequest]
+    config: LoadedConfig, eps: list[Endpoint] | Snapshot, requests: list[InferenceRequest]
 ) -> tuple[float, float, float]:
     scheduler = config.scheduler
     hooks = config.hooks.pre_request
@@ -93,12 +97,14 @@ def main() -> None:
             count = max(50, (400 if args.quick else 2000) * 64 // max(n, 64))
             requests = prompts(tokens, count + 50, rng)
             cells = {}
-            for label, config in (
-                ("random-only", load_config_text(RANDOM_ONLY, seed=1)),
-                ("default", load_default_config(seed=1)),
+            snapshot = Snapshot(tuple(eps), version=1)
+            for label, config, candidates in (
+                ("random-only", load_config_text(RANDOM_ONLY, seed=1), eps),
+                ("default", load_default_config(seed=1), eps),
+                ("default, snapshot", load_default_config(seed=1), snapshot),
             ):
-                measure(config, eps, requests[:50])  # warm up: caches, index
-                cells[label] = measure(config, eps, requests[50:])
+                measure(config, candidates, requests[:50])  # warm up: caches, index
+                cells[label] = measure(config, candidates, requests[50:])
             base = cells["random-only"][0]
             for label, (p50, p99, rate) in cells.items():
                 table.add_row(

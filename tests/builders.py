@@ -159,7 +159,7 @@ class FakePlugin(NamedPlugin):
 
 
 class ScriptedHandler(NamedPlugin):
-    """A profile handler that runs `order` one profile per `pick`, recording what each call saw."""
+    """A profile handler that runs `order` one profile per `pick_profiles`, recording what each call saw."""
 
     plugin_type = "scripted-handler"
 
@@ -169,7 +169,7 @@ class ScriptedHandler(NamedPlugin):
         self.primary = primary or self.order[0]
         self.seen_results: list[dict[str, list[str] | None]] = []
 
-    def pick(
+    def pick_profiles(
         self,
         request: InferenceRequest,
         cycle_state: CycleState,

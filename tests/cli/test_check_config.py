@@ -11,6 +11,7 @@ import pytest
 from epick.cli.main import main
 from epick.config.entrypoints import default_registry
 from epick.plugins import in_tree_plugins
+from epick.plugins.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "config"
@@ -115,15 +116,27 @@ def test_check_config_zero_staleness_exits_2(tmp_path: Path, capsys: pytest.Capt
     assert f"{path}: saturationDetector.metricsStalenessThreshold" in capsys.readouterr().err
 
 
+def _out_of_tree_aliases(registry: Registry) -> set[str]:
+    in_tree = {spec.type for spec in in_tree_plugins()}
+    return {alias for spec in registry if spec.type not in in_tree for alias in spec.aliases}
+
+
 def test_plugins_lists_all_in_tree_types(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plugins"]) == 0
     out, _ = capsys.readouterr()
     listed = [line.split()[0] for line in out.splitlines()]
     in_tree = [spec.type for spec in in_tree_plugins()]
-    assert len(in_tree) == 38
+    aliases = [alias for spec in in_tree_plugins() for alias in spec.aliases]
+    assert (len(in_tree), len(aliases)) == (31, 7)
     assert set(in_tree) <= set(listed)
-    # Exactly the registered types (in-tree plus any installed out-of-tree ones), each once.
-    assert sorted(listed) == default_registry()[0].types()
+    # Exactly the registered types (in-tree plus any installed out-of-tree ones), each once, with
+    # their aliases on their line.
+    registry = default_registry()[0]
+    assert sorted(listed) == sorted(spec.type for spec in registry)
+    assert sorted(listed + aliases) == sorted(set(registry.types()) - _out_of_tree_aliases(registry))
+    lines = {line.split()[0]: line for line in out.splitlines()}
+    assert lines["least-queue-filter"].endswith("(also: least-queue)")
+    assert lines["label-selector-filter"].endswith("(also: by-label-selector)")
     assert (
         "[parameters: blockSizeTokens, maxPrefixBlocksToMatch, lruCapacityPerServer, hashBlockSize, autoTune]"
         in out

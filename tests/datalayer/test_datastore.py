@@ -70,7 +70,7 @@ def test_replace_all() -> None:
     assert names(ds.snapshot()) == ["bb", "dddd"]
     assert ds.get("bb") is kept  # unchanged spec: the same endpoint, metrics and all
     ds.replace_all([])
-    assert len(ds) == 0 and ds.snapshot() == ()
+    assert len(ds) == 0 and ds.snapshot().endpoints == ()
 
 
 def test_snapshot_is_the_same_object_until_a_change() -> None:

@@ -129,7 +129,7 @@ async def test_garbage_metrics_warn_once_keep_old_metrics_and_turn_unhealthy(
         await scraper.scrape_once()
     assert ds.is_healthy("flaky") and [ep.name for ep in ds.snapshot()] == ["flaky"]
     await scraper.scrape_once()  # the third failure in a row
-    assert not ds.is_healthy("flaky") and ds.snapshot() == ()
+    assert not ds.is_healthy("flaky") and ds.snapshot().endpoints == ()
     for _ in range(10):
         await scraper.scrape_once()
     assert (scraper.failures, scraper.consecutive_failures, scraper.scrapes) == (13, 13, 1)
@@ -145,7 +145,7 @@ async def test_garbage_metrics_warn_once_keep_old_metrics_and_turn_unhealthy(
     await scraper.scrape_once()
     await scraper.scrape_once()
     back = ds.get("flaky")
-    assert ds.is_healthy("flaky") and ds.snapshot() == (back,)
+    assert ds.is_healthy("flaky") and ds.snapshot().endpoints == (back,)
     assert back is not None and back.metrics.waiting_queue_size == 7
     assert (back.metrics.update_time or 0) > (good.metrics.update_time or 0)
     assert scraper.consecutive_failures == 0
@@ -241,7 +241,7 @@ async def test_unreachable_endpoint_becomes_unhealthy(
     scraper = make_scraper(spec, ds, interval=0.01, timeout=0.5)
     for _ in range(3):
         await scraper.scrape_once()
-    assert not ds.is_healthy("down") and ds.snapshot() == ()
+    assert not ds.is_healthy("down") and ds.snapshot().endpoints == ()
     [warning] = warnings_about(caplog, "down")
     assert "Connect" in warning
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from epick.config import load_default_config
 from epick.framework import (
     CycleState,
     Endpoint,
@@ -13,8 +14,10 @@ from epick.framework import (
     InferenceRequest,
     NamedPlugin,
     NoEndpointsError,
+    Reads,
     ScheduleTrace,
     SchedulingError,
+    Snapshot,
     WeightedScorer,
 )
 from epick.plugins.profile.single import SingleProfileHandler
@@ -168,7 +171,7 @@ def test_scorer_returning_wrong_number_of_scores_is_rejected() -> None:
 
 def test_handler_picking_a_profile_twice_or_unknown_is_an_error() -> None:
     class Loops(ScriptedHandler):
-        def pick(self, *args: object, **kwargs: object) -> list[str]:
+        def pick_profiles(self, *args: object, **kwargs: object) -> list[str]:
             return ["default"]
 
     with pytest.raises(SchedulingError, match="picked profile 'default' twice"):
@@ -233,16 +236,19 @@ def test_single_profile_handler_result_and_trace() -> None:
 
 
 class FixedScores(NamedPlugin):
-    """A scorer returning whatever it is told to, the same object each time."""
+    """A scorer returning whatever it is told to, counting its calls; `reads` as declared."""
 
-    def __init__(self, name: str, scores: Sequence[float]) -> None:
+    def __init__(self, name: str, scores: Sequence[float], reads: Reads = Reads.EVERYTHING) -> None:
         super().__init__(name)
         self.scores = scores
+        self.reads = reads  # type: ignore[misc]
+        self.calls = 0
 
     def score(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
     ) -> Sequence[float]:
-        return self.scores
+        self.calls += 1
+        return self.scores[: len(endpoints)]
 
 
 class MutatingPicker(NamedPlugin):
@@ -258,20 +264,66 @@ class MutatingPicker(NamedPlugin):
         return ProfileRunResult((endpoints[best],))
 
 
-def test_weighted_sums_are_reused_only_for_the_same_immutable_scores() -> None:
-    eps = (make_endpoint("a"), make_endpoint("b"))
-    fixed = FixedScores("fixed", (0.9, 0.1))  # a tuple: the same object, so its sum is reused
-    changing = FixedScores("changing", [0.0, 1.0])  # a list, changed in place between calls
-    profile = make_profile(scorers=[(fixed, 1.0), (changing, 3.0)], picker=MutatingPicker("p"))
+class DropLast(NamedPlugin):
+    """A filter that drops the last endpoint when told to."""
+
+    def __init__(self) -> None:
+        super().__init__("drop-last")
+        self.active = False
+
+    def filter(
+        self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> object:
+        return list(endpoints[:-1]) if self.active else endpoints
+
+
+def test_scorers_that_read_only_metrics_run_once_per_snapshot_version() -> None:
+    a, b, c = make_endpoint("a"), make_endpoint("b"), make_endpoint("c")
+    metrics_only = FixedScores("metrics", [0.9, 0.1, 0.0], reads=Reads.METRICS)
+    undeclared = FixedScores("undeclared", [0.0, 0.5, 0.0])
+    late = FixedScores("late", [0.0, 0.0, 1.0], reads=Reads.METRICS)  # after a non-cacheable scorer
+    drop = DropLast()
+    profile = make_profile(
+        filters=[drop],
+        scorers=[(metrics_only, 1.0), (undeclared, 1.0), (late, 0.1)],
+        picker=MutatingPicker("p"),
+    )
     scheduler = make_scheduler(profile)
-    # a = 0.9 + 0; b = 0.1 + 3 -> b
-    assert names(scheduler.schedule(make_request(), eps).targets) == ["b"]
-    changing.scores[:] = [1.0, 0.0]  # a = 0.9 + 3; b = 0.1 -> a, though the list is the same object
-    assert names(scheduler.schedule(make_request(), eps).targets) == ["a"]
-    changing.scores = [0.0, 0.0]  # a = 0.9, b = 0.1: the picker's scribbles on the last totals are gone
-    assert names(scheduler.schedule(make_request(), eps).targets) == ["a"]
-    changing.scores = (0.0, 0.5)  # now both are tuples: a = 0.9, b = 1.6, twice, the second reused
-    assert names(scheduler.schedule(make_request(), eps).targets) == ["b"]
-    assert names(scheduler.schedule(make_request(), eps).targets) == ["b"]
-    fixed.scores = (0.0, 0.0)  # a new tuple first: nothing reused, b = 0.6 wins
-    assert names(scheduler.schedule(make_request(), eps).targets) == ["b"]
+    snapshot = Snapshot((a, b, c), version=1)
+    # a = 0.9; b = 0.1 + 0.5 = 0.6; c = 0.1 -> a, three times; the picker's scribbles change nothing
+    for _ in range(3):
+        assert names(scheduler.schedule(make_request(), snapshot).targets) == ["a"]
+    assert (metrics_only.calls, undeclared.calls, late.calls) == (1, 3, 1)
+    undeclared.scores = [0.0, 0.9, 0.0]  # what is not cached is asked again: b = 1.0 wins
+    assert names(scheduler.schedule(make_request(), snapshot).targets) == ["b"]
+    assert (metrics_only.calls, late.calls) == (1, 1)
+    metrics_only.scores = [0.0, 0.0, 0.0]  # the same version: the old scores still count
+    assert names(scheduler.schedule(make_request(), snapshot).targets) == ["b"]
+    # A new version is scored afresh: c = 0.1 now beats a = 0.
+    undeclared.scores = [0.0, 0.0, 0.0]
+    assert names(scheduler.schedule(make_request(), Snapshot((a, b, c), version=2)).targets) == ["c"]
+    assert (metrics_only.calls, late.calls) == (2, 2)
+    # Other candidates on the same version (a filter dropped one) are scored afresh too.
+    drop.active = True
+    metrics_only.scores = [0.0, 0.3, 0.0]
+    assert names(scheduler.schedule(make_request(), Snapshot((a, b, c), version=2)).targets) == ["b"]
+    assert metrics_only.calls == 3
+    # Plain endpoints have no version: nothing is reused.
+    for _ in range(2):
+        scheduler.schedule(make_request(), [a, b, c])
+    assert metrics_only.calls == 5
+
+
+def test_a_versioned_snapshot_schedules_as_its_endpoints_do() -> None:
+    eps = tuple(make_endpoint(n, queue=q, kv=k) for n, q, k in (("a", 3, 0.1), ("b", 0, 0.9), ("c", 1, 0.5)))
+    config = load_default_config(seed=4)
+    other = load_default_config(seed=4)
+    for i in range(20):
+        request = make_request(f"prompt {i % 3} " * 20)
+        versioned = config.scheduler.schedule(request, Snapshot(eps, version=1 + i // 5))
+        plain = other.scheduler.schedule(request, eps)
+        assert names(versioned.targets) == names(plain.targets)
+        for hook in config.hooks.pre_request:
+            hook.pre_request(request, versioned)
+        for hook in other.hooks.pre_request:
+            hook.pre_request(request, plain)

@@ -43,7 +43,6 @@ from epick.plugins.filters.classic import (
     LowQueueFilter,
 )
 from epick.plugins.filters.label_selector import (
-    ByLabelSelectorFilter,
     LabelSelectorFilter,
     LabelSelectorParameters,
 )
@@ -186,7 +185,7 @@ def in_tree_types(kind: type) -> set[str]:
     for spec in in_tree_plugins():
         params = spec.parameters.model_validate(REQUIRED_PARAMETERS.get(spec.type, {}))
         plugin = spec.factory(spec.type, params, _Handle())
-        if isinstance(plugin, kind) and not hasattr(plugin, "process_results"):
+        if isinstance(plugin, kind):
             found.add(spec.type)
     return found
 
@@ -289,30 +288,16 @@ RELATIVE = (LeastQueueFilter, LeastKVCacheFilter, LoraAffinityFilter, DecisionTr
 
 
 def classic_filters() -> list[Any]:
-    """The GIE's first filters under both their type names (a decision tree over the others)."""
-    short = [LowQueueFilter(threshold=2), LeastQueueFilter(), LeastKVCacheFilter()]
-    short.append(LoraAffinityFilter(threshold=0.5, rng=random.Random(1)))
-    short.append(DecisionTreeFilter(None, short[0], on_success=short[1], on_failure=short[2]))
-    long = [type(f)(**_args(f)) for f in short]
-    for f in short:
-        f.retype(f.plugin_type.removesuffix("-filter"))
-    return long + short
-
-
-def _args(f: Any) -> dict[str, Any]:
-    if isinstance(f, LowQueueFilter):
-        return {"threshold": f.threshold}
-    if isinstance(f, LoraAffinityFilter):
-        return {"threshold": f.threshold, "rng": random.Random(2)}
-    if isinstance(f, DecisionTreeFilter):
-        return {"name": None, "current": f.current, "on_success": f.on_success, "on_failure": f.on_failure}
-    return {}
+    """The GIE's first filters (a decision tree over the others); their short names are aliases."""
+    filters = [LowQueueFilter(threshold=2), LeastQueueFilter(), LeastKVCacheFilter()]
+    filters.append(LoraAffinityFilter(threshold=0.5, rng=random.Random(1)))
+    filters.append(DecisionTreeFilter(None, filters[0], on_success=filters[1], on_failure=filters[2]))
+    return filters
 
 
 def some_filters(selector: LabelSelectorParameters, params: UtilizationParameters) -> list[Any]:
     return [
         LabelSelectorFilter(selector=selector),
-        ByLabelSelectorFilter(selector=selector),
         ByLabelFilter(label=LABEL_KEYS[0], valid_values=LABEL_VALUES[:1], allows_no_label=True),
         *classic_filters(),
         DecodeFilter(),

@@ -17,6 +17,7 @@ from epick.framework import (
     Response,
     ScheduleTrace,
     SchedulingResult,
+    depends_on_metrics_alone,
 )
 from epick.plugins.scorers.active_request import ActiveRequestParameters, ActiveRequestScorer
 from epick.plugins.scorers.kv_cache import KVCacheUtilizationScorer
@@ -91,30 +92,20 @@ def test_queue_scorer_reads_the_waiting_queue_not_running_requests() -> None:
 
 
 @pytest.mark.parametrize("make", [QueueScorer, RunningRequestsSizeScorer, KVCacheUtilizationScorer])
-def test_metrics_only_scorers_reuse_scores_for_the_same_snapshot(make: type[QueueScorer]) -> None:
+def test_metrics_only_scorers_declare_it_and_score_what_they_are_given(make: type[QueueScorer]) -> None:
+    """They declare Reads.METRICS (so the runtime reuses their scores per snapshot version) and keep
+    nothing themselves: the same endpoints with new metrics are scored afresh."""
     scorer = make()
+    assert depends_on_metrics_alone(scorer)
     request = make_request()
-
-    def scores(endpoints: Sequence[Endpoint]) -> list[float]:
-        return scorer.score(request, CycleState(), endpoints)
-
-    snapshot = (
-        make_endpoint("a", queue=1, running=1, kv=0.2),
-        make_endpoint("b", queue=5, running=5, kv=0.5),
+    busy_b = (make_endpoint("a", queue=1, running=1, kv=0.2), make_endpoint("b", queue=5, running=5, kv=0.5))
+    busy_a = (make_endpoint("a", queue=9, running=9, kv=0.9), make_endpoint("b", queue=0, running=0, kv=0.0))
+    assert scorer.score(request, CycleState(), busy_b) == pytest.approx(
+        [1.0, 0.0] if make is not KVCacheUtilizationScorer else [0.8, 0.5]
     )
-    first = scores(snapshot)
-    assert scores(snapshot) is first  # the same tuple: the same endpoints, the same metrics
-    # A new snapshot (a scrape replaced the endpoints) is scored afresh: here b is now the idle one.
-    rescored = (
-        make_endpoint("a", queue=9, running=9, kv=0.9),
-        make_endpoint("b", queue=0, running=0, kv=0.0),
-    )
-    assert scores(rescored) == pytest.approx(
+    assert scorer.score(request, CycleState(), busy_a) == pytest.approx(
         [0.0, 1.0] if make is not KVCacheUtilizationScorer else [0.1, 1.0]
     )
-    # A list (not a snapshot tuple) is never remembered.
-    as_list = list(snapshot)
-    assert scores(as_list) == first and scores(as_list) is not scores(as_list)
 
 
 # --- kv-cache-utilization-scorer --------------------------------------------------------------

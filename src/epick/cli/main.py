@@ -79,7 +79,8 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     registry, failures = default_registry()
     for spec in registry:
         params = ", ".join(f.alias or n for n, f in spec.parameters.model_fields.items()) or "-"
-        print(f"{spec.type:32} {spec.summary}  [parameters: {params}]")
+        aliases = f"  (also: {', '.join(spec.aliases)})" if spec.aliases else ""
+        print(f"{spec.type:32} {spec.summary}  [parameters: {params}]{aliases}")
     for failure in failures:
         print(f"warning: {failure}", file=sys.stderr)
     return EXIT_OK

@@ -439,7 +439,7 @@ class _Builder:
         return plugin
 
     def _assemble(self) -> tuple[dict[str, SchedulerProfile], ProfileHandler | None]:
-        handlers = [(n, p) for n, p in self.instances.items() if _is_handler(p)]
+        handlers = [(n, p) for n, p in self.instances.items() if isinstance(p, ProfileHandler)]
         if len(handlers) > 1:
             names = ", ".join(repr(n) for n, _ in handlers)
             self.fail(
@@ -451,16 +451,16 @@ class _Builder:
             refs = [
                 PluginRef(pluginRef=n)
                 for n, p in self.instances.items()
-                if isinstance(p, Filter | Scorer) or _is_picker(p)
+                if isinstance(p, Filter | Scorer | Picker)
             ]
             entries = [ProfileEntry(name=DEFAULT_PROFILE, plugins=refs)]
-        default_picker = next((p for p in self.instances.values() if _is_picker(p)), None)
+        default_picker = next((p for p in self.instances.values() if isinstance(p, Picker)), None)
         profiles: dict[str, SchedulerProfile] = {}
         for i, entry in enumerate(entries):
             profile = self._profile(i, entry, default_picker)
             if profile is not None:
                 profiles[profile.name] = profile
-        handler: ProfileHandler | None = handlers[0][1] if handlers else None  # type: ignore[assignment]
+        handler = handlers[0][1] if handlers else None
         if handler is None:
             if len(entries) == 1:
                 handler = self._default_handler()
@@ -503,8 +503,8 @@ class _Builder:
 
     def _default_picker(self) -> Picker:
         existing = self.instances.get(DEFAULT_PICKER)
-        if existing is not None and _is_picker(existing):
-            return existing  # type: ignore[return-value]
+        if isinstance(existing, Picker):
+            return existing
         spec = self.registry.get(DEFAULT_PICKER)
         assert spec is not None
         plugin = spec.factory(DEFAULT_PICKER, spec.parameters(), _Handle(self, DEFAULT_PICKER))
@@ -512,7 +512,7 @@ class _Builder:
         self.instances.setdefault(DEFAULT_PICKER, plugin)
         return plugin
 
-    def _profile(self, i: int, entry: ProfileEntry, default_picker: Plugin | None) -> SchedulerProfile | None:
+    def _profile(self, i: int, entry: ProfileEntry, default_picker: Picker | None) -> SchedulerProfile | None:
         path = f"schedulingProfiles[{i}]"
         filters: list[Filter] = []
         scorers: list[WeightedScorer] = []
@@ -525,7 +525,7 @@ class _Builder:
                 ok = False  # already reported
                 continue
             described = f"plugin {ref.plugin_ref!r} ({plugin.typed_name.type})"
-            if _is_handler(plugin):
+            if isinstance(plugin, ProfileHandler):
                 self.fail(
                     f"{rpath}.pluginRef",
                     f"{described} is a profile handler; it cannot be part of a profile",
@@ -533,13 +533,12 @@ class _Builder:
                 )
                 ok = False
                 continue
-            is_scorer = isinstance(plugin, Scorer)
             used = False
             if isinstance(plugin, Filter):
                 filters.append(plugin)
                 used = True
-            if is_scorer:
-                scorers.append(WeightedScorer(plugin, 1.0 if ref.weight is None else ref.weight))  # type: ignore[arg-type]
+            if isinstance(plugin, Scorer):
+                scorers.append(WeightedScorer(plugin, 1.0 if ref.weight is None else ref.weight))
                 used = True
             elif ref.weight is not None:
                 self.fail(
@@ -548,7 +547,7 @@ class _Builder:
                     "remove 'weight'",
                 )
                 ok = False
-            if _is_picker(plugin):
+            if isinstance(plugin, Picker):
                 if picker is not None:
                     self.fail(
                         f"{rpath}.pluginRef",
@@ -556,7 +555,7 @@ class _Builder:
                         "keep one picker per profile",
                     )
                     ok = False
-                picker = plugin  # type: ignore[assignment]
+                picker = plugin
                 used = True
             if not used:
                 self.fail(
@@ -566,7 +565,7 @@ class _Builder:
                 )
                 ok = False
         if picker is None:
-            picker = default_picker if default_picker is not None else self._default_picker()  # type: ignore[assignment]
+            picker = default_picker if default_picker is not None else self._default_picker()
         if not ok or picker is None:
             return None
         return SchedulerProfile(entry.name, picker, filters, scorers)
@@ -608,15 +607,6 @@ class _Builder:
         if detectors:
             return detectors[0][1]
         return UtilizationDetector("saturation-detector")
-
-
-def _is_handler(p: object) -> bool:
-    return isinstance(p, ProfileHandler)
-
-
-def _is_picker(p: object) -> bool:
-    # A profile handler also has `pick`; only a plugin without `process_results` is a picker.
-    return isinstance(p, Picker) and not isinstance(p, ProfileHandler)
 
 
 def _params_hint(model: type[BaseModel]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from epick.framework import Endpoint, Metrics
+from epick.framework import Endpoint, Metrics, Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +32,8 @@ class Datastore:
     def __init__(self) -> None:
         self._endpoints: dict[str, Endpoint] = {}
         self._specs: dict[str, EndpointSpec] = {}
-        self._snapshot: tuple[Endpoint, ...] | None = None
+        self._snapshot: Snapshot | None = None
+        self._version = 0  # of the last snapshot built
         self._listeners: list[Listener] = []
         self._unhealthy: set[str] = set()
 
@@ -97,12 +98,15 @@ class Datastore:
     def specs(self) -> list[EndpointSpec]:
         return list(self._specs.values())
 
-    def snapshot(self) -> tuple[Endpoint, ...]:
-        """The current healthy endpoints; the same tuple until something changes (so the scheduler's
-        own snapshot of it is free, and plugins may cache work per snapshot)."""
+    def snapshot(self) -> Snapshot:
+        """The current healthy endpoints: the same object, with the same version, until something
+        changes (so the scheduler reuses scores that depend on metrics alone)."""
         if self._snapshot is None:
             unhealthy = self._unhealthy
-            self._snapshot = tuple(ep for name, ep in self._endpoints.items() if name not in unhealthy)
+            self._version += 1
+            self._snapshot = Snapshot(
+                tuple(ep for name, ep in self._endpoints.items() if name not in unhealthy), self._version
+            )
         return self._snapshot
 
     def all_endpoints(self) -> list[Endpoint]:

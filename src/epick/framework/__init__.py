@@ -20,6 +20,7 @@ from epick.framework.interfaces import (
 )
 from epick.framework.plugin import NamedPlugin, Plugin, TypedName, state_key
 from epick.framework.profile import SchedulerProfile, WeightedScorer
+from epick.framework.reads import Reads, depends_on_metrics_alone, reads_of
 from epick.framework.request import BadRequestError, ChatMessage, InferenceRequest, RequestBody
 from epick.framework.response import Response, Usage
 from epick.framework.results import (
@@ -30,6 +31,7 @@ from epick.framework.results import (
     split_scored,
 )
 from epick.framework.scheduler import Scheduler
+from epick.framework.snapshot import Snapshot
 from epick.framework.trace import ScheduleTrace
 
 __all__ = [
@@ -51,6 +53,7 @@ __all__ = [
     "ProfileHandler",
     "ProfileLike",
     "ProfileRunResult",
+    "Reads",
     "RequestBody",
     "Response",
     "ResponseComplete",
@@ -64,9 +67,12 @@ __all__ = [
     "ScoredEndpoint",
     "ScoredEndpoints",
     "Scorer",
+    "Snapshot",
     "TypedName",
     "Usage",
     "WeightedScorer",
+    "depends_on_metrics_alone",
+    "reads_of",
     "split_scored",
     "state_key",
 ]

@@ -7,7 +7,7 @@ Contracts the runtime relies on (and enforces where it cheaply can):
   each score to [0, 1] (NaN counts as 0) and applies the profile's weight; scorers never weight.
 - Pickers receive every surviving endpoint with its weighted total and return a non-empty result
   whose targets are drawn from them, primary first.
-- A profile handler's `pick` is called again and again until it returns no profile; the profiles it
+- A profile handler's `pick_profiles` is called again and again until it returns no profile; the profiles it
   returns run sequentially in the order returned, and later calls see their results.
 - Request-control hooks run outside the scheduling call, after it, in the service's order:
   `PreRequest` once the decision is made, then `ResponseReceived` (headers), `ResponseStreaming`
@@ -63,7 +63,7 @@ class ProfileLike(Protocol):
 
 @runtime_checkable
 class ProfileHandler(Plugin, Protocol):
-    def pick(
+    def pick_profiles(
         self,
         request: InferenceRequest,
         cycle_state: CycleState,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
+from epick.framework.reads import Reads
+
 
 @dataclass(frozen=True, slots=True)
 class TypedName:
@@ -26,9 +28,11 @@ class Plugin(Protocol):
 
 
 class NamedPlugin:
-    """A convenience for plugin classes: `plugin_type` on the class, `name` per instance."""
+    """A convenience for plugin classes: `plugin_type` and what the plugin reads (`Reads`) on the class,
+    `name` per instance."""
 
     plugin_type: ClassVar[str] = ""
+    reads: ClassVar[Reads] = Reads.EVERYTHING
 
     def __init__(self, name: str | None = None) -> None:
         self._typed_name = TypedName(self.plugin_type, name or self.plugin_type)
@@ -40,10 +44,6 @@ class NamedPlugin:
     @property
     def name(self) -> str:
         return self._typed_name.name
-
-    def retype(self, plugin_type: str) -> None:
-        """Answer to another type name: a plugin built under an alias of its type reports the alias."""
-        self._typed_name = TypedName(plugin_type, self._typed_name.name)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self._typed_name}>"

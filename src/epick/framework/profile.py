@@ -11,6 +11,7 @@ from epick.framework.cycle_state import CycleState
 from epick.framework.endpoint import Endpoint
 from epick.framework.errors import EndpointsFilteredError, SchedulingError
 from epick.framework.interfaces import FILTER, PICKER, SCORER, Filter, Picker, PluginTimer, Scorer
+from epick.framework.reads import depends_on_metrics_alone
 from epick.framework.request import InferenceRequest
 from epick.framework.results import ProfileRunResult, ScoredEndpoints
 from epick.framework.trace import FilterStep, ProfileTrace, ScorerStep
@@ -26,6 +27,37 @@ class WeightedScorer:
             raise ValueError(f"scorer {self.scorer.typed_name}: weight must be a finite number >= 0")
 
 
+class _ScoreMemo:
+    """Weighted scores of the metrics-only scorers for one (snapshot version, candidates)."""
+
+    __slots__ = ("cacheable", "endpoints", "lead_count", "lead_sum", "scorers", "version", "weighted")
+
+    def __init__(self) -> None:
+        self.scorers: list[WeightedScorer] = []
+        self.cacheable: list[bool] = []
+        self.lead_count = 0  # how many scorers, from the first, are cacheable
+        self.version: int | None = None
+        self.endpoints: tuple[Endpoint, ...] = ()
+        self.weighted: list[list[float] | None] = []
+        self.lead_sum: list[float] | None = None
+
+    def prepare(self, scorers: list[WeightedScorer], version: int, endpoints: Sequence[Endpoint]) -> None:
+        """Keep what was computed if nothing it depends on changed; else start empty."""
+        if len(scorers) != len(self.scorers) or any(
+            a is not b for a, b in zip(scorers, self.scorers, strict=True)
+        ):
+            self.scorers = list(scorers)
+            self.cacheable = [depends_on_metrics_alone(ws.scorer) for ws in scorers]
+            self.lead_count = next((i for i, c in enumerate(self.cacheable) if not c), len(scorers))
+            self.version = None
+        candidates = endpoints if isinstance(endpoints, tuple) else tuple(endpoints)
+        if version == self.version and candidates == self.endpoints:
+            return
+        self.version, self.endpoints = version, candidates
+        self.weighted = [None] * len(scorers)
+        self.lead_sum = None
+
+
 @dataclass(slots=True)
 class SchedulerProfile:
     """Filters (run in order), weighted scorers, and exactly one picker.
@@ -37,23 +69,30 @@ class SchedulerProfile:
     picker: Picker
     filters: list[Filter] = field(default_factory=list)
     scorers: list[WeightedScorer] = field(default_factory=list)
-    # The weighted totals after each scorer in the last call, and the scores each scorer returned.
-    # Scorers that score a snapshot once return the same tuple for the next request on that snapshot
-    # (epick.plugins.scorers.snapshot_memo); while the leading scorers do, their sums are reused.
-    _sums: list[list[float]] = field(default_factory=list, init=False, repr=False, compare=False)
-    _sums_of: list[object] = field(default_factory=list, init=False, repr=False, compare=False)
+    # Scores of scorers that read only metrics (`depends_on_metrics_alone`), kept for the snapshot
+    # version and candidates they were computed on: per scorer, its weighted scores, and the sum of the
+    # leading run of such scorers, so a request on an unchanged snapshot adds only the others.
+    _memo: _ScoreMemo = field(default_factory=_ScoreMemo, init=False, repr=False, compare=False)
 
     def run(
         self,
         request: InferenceRequest,
         cycle_state: CycleState,
         endpoints: Sequence[Endpoint],
+        *,
         trace: ProfileTrace | None = None,
         timer: PluginTimer | None = None,
+        version: int | None = None,
     ) -> ProfileRunResult:
-        """One scheduling cycle of this profile over `endpoints`; raises `SchedulingError`."""
+        """One scheduling cycle of this profile over `endpoints`; raises `SchedulingError`.
+
+        `version` is the snapshot version `endpoints` came from (None: unknown, nothing is reused).
+        """
         survivors = self._filter(request, cycle_state, endpoints, trace, timer)
-        totals = self._score(request, cycle_state, survivors, trace, timer)
+        if trace is not None:
+            totals = self._score_traced(request, cycle_state, survivors, trace, timer)
+        else:
+            totals = self._score(request, cycle_state, survivors, timer, version)
         scored = ScoredEndpoints(survivors, totals)
         start = time.perf_counter() if timer is not None else 0.0
         result = self.picker.pick(request, cycle_state, scored)
@@ -113,55 +152,75 @@ class SchedulerProfile:
         request: InferenceRequest,
         cycle_state: CycleState,
         endpoints: Sequence[Endpoint],
-        trace: ProfileTrace | None,
+        timer: PluginTimer | None,
+        version: int | None,
+    ) -> list[float]:
+        memo = self._memo
+        if version is not None:
+            memo.prepare(self.scorers, version, endpoints)
+        start = 0
+        totals = [0.0] * len(endpoints)
+        lead = memo.lead_sum if version is not None else None
+        if lead is not None:
+            start, totals = memo.lead_count, lead
+        for i in range(start, len(self.scorers)):
+            ws = self.scorers[i]
+            weight = ws.weight
+            if version is not None and memo.cacheable[i]:
+                weighted = memo.weighted[i]
+                if weighted is None:
+                    raw = self._call(ws, request, cycle_state, endpoints, timer)
+                    weighted = [weight if s > 1.0 else (weight * s if s >= 0.0 else 0.0) for s in raw]
+                    memo.weighted[i] = weighted
+                totals = [t + w for t, w in zip(totals, weighted, strict=True)]
+                if i == memo.lead_count - 1:
+                    memo.lead_sum = totals
+                continue
+            raw = self._call(ws, request, cycle_state, endpoints, timer)
+            # Clamp to [0, 1] and weigh in one pass; NaN fails both comparisons and adds 0.
+            totals = [
+                t + (weight if s > 1.0 else (weight * s if s >= 0.0 else 0.0))
+                for t, s in zip(totals, raw, strict=True)
+            ]
+        # The picker gets a list of its own: the memo's must not change.
+        return list(totals) if totals is memo.lead_sum else totals
+
+    def _call(
+        self,
+        ws: WeightedScorer,
+        request: InferenceRequest,
+        cycle_state: CycleState,
+        endpoints: Sequence[Endpoint],
+        timer: PluginTimer | None,
+    ) -> Sequence[float]:
+        start = time.perf_counter() if timer is not None else 0.0
+        raw = ws.scorer.score(request, cycle_state, endpoints)
+        if timer is not None:
+            timer.observe(SCORER, ws.scorer, time.perf_counter() - start)
+        if len(raw) != len(endpoints):
+            raise SchedulingError(
+                f"profile {self.name!r}: scorer {ws.scorer.typed_name} returned {len(raw)} scores "
+                f"for {len(endpoints)} endpoints",
+                profile=self.name,
+                plugin=str(ws.scorer.typed_name),
+            )
+        return raw
+
+    def _score_traced(
+        self,
+        request: InferenceRequest,
+        cycle_state: CycleState,
+        endpoints: Sequence[Endpoint],
+        trace: ProfileTrace,
         timer: PluginTimer | None,
     ) -> list[float]:
+        """As `_score`, calling every scorer and recording each one's clamped scores."""
         totals = [0.0] * len(endpoints)
-        if not self.scorers:
-            if trace is not None:
-                trace.totals = dict.fromkeys((ep.name for ep in endpoints), 0.0)
-            return totals
-        sums, sums_of = self._sums, self._sums_of
-        if len(sums) != len(self.scorers):
-            sums[:] = [totals] * len(self.scorers)
-            sums_of[:] = [None] * len(self.scorers)
-        reusing = trace is None
-        for i, ws in enumerate(self.scorers):
-            start = time.perf_counter() if timer is not None else 0.0
-            raw = ws.scorer.score(request, cycle_state, endpoints)
-            if timer is not None:
-                timer.observe(SCORER, ws.scorer, time.perf_counter() - start)
-            if len(raw) != len(endpoints):
-                raise SchedulingError(
-                    f"profile {self.name!r}: scorer {ws.scorer.typed_name} returned {len(raw)} scores "
-                    f"for {len(endpoints)} endpoints",
-                    profile=self.name,
-                    plugin=str(ws.scorer.typed_name),
-                )
-            weight = ws.weight
-            if trace is None:
-                if reusing and raw is sums_of[i] and type(raw) is tuple:
-                    totals = sums[i]  # the same immutable scores after the same sums: the same sum
-                    continue
-                reusing = False
-                # Clamp to [0, 1] and weigh in one pass; NaN fails both comparisons and adds 0.
-                totals = [
-                    t + (weight if s > 1.0 else (weight * s if s >= 0.0 else 0.0))
-                    for t, s in zip(totals, raw, strict=True)
-                ]
-                sums[i], sums_of[i] = totals, raw
-                continue
+        for ws in self.scorers:
+            raw = self._call(ws, request, cycle_state, endpoints, timer)
             clamped = [1.0 if s > 1.0 else (s if s >= 0.0 else 0.0) for s in raw]
-            totals = [t + weight * s for t, s in zip(totals, clamped, strict=True)]
-            if trace is not None:
-                trace.scorers.append(
-                    ScorerStep(
-                        str(ws.scorer.typed_name),
-                        weight,
-                        {ep.name: s for ep, s in zip(endpoints, clamped, strict=True)},
-                    )
-                )
-        if trace is not None:
-            trace.totals = {ep.name: t for ep, t in zip(endpoints, totals, strict=True)}
-            return totals
-        return list(totals)  # the picker gets its own list: the one kept in `_sums` must not change
+            totals = [t + ws.weight * s for t, s in zip(totals, clamped, strict=True)]
+            names = {ep.name: s for ep, s in zip(endpoints, clamped, strict=True)}
+            trace.scorers.append(ScorerStep(str(ws.scorer.typed_name), ws.weight, names))
+        trace.totals = {ep.name: t for ep, t in zip(endpoints, totals, strict=True)}
+        return totals

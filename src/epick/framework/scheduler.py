@@ -11,6 +11,7 @@ from epick.framework.interfaces import PluginTimer, ProfileHandler
 from epick.framework.profile import SchedulerProfile
 from epick.framework.request import InferenceRequest
 from epick.framework.results import ProfileRunResult, SchedulingResult
+from epick.framework.snapshot import Snapshot
 from epick.framework.trace import ProfileTrace, ScheduleTrace
 
 
@@ -35,12 +36,18 @@ class Scheduler:
     def schedule(
         self,
         request: InferenceRequest,
-        candidates: Iterable[Endpoint],
+        candidates: Snapshot | Iterable[Endpoint],
         *,
         trace: ScheduleTrace | None = None,
     ) -> SchedulingResult:
+        """Schedule `request` on `candidates`: a versioned `Snapshot` (what the data layer gives, so
+        scores that depend on metrics alone are computed once per version) or any endpoints."""
+        if isinstance(candidates, Snapshot):
+            endpoints, version = candidates.endpoints, candidates.version
+        else:
+            endpoints, version = tuple(candidates), None
         try:
-            result = self._schedule(request, tuple(candidates), trace)
+            result = self._schedule(request, endpoints, version, trace)
         except SchedulingError as e:
             if trace is not None:
                 trace.error = str(e)
@@ -51,7 +58,11 @@ class Scheduler:
         return result
 
     def _schedule(
-        self, request: InferenceRequest, snapshot: tuple[Endpoint, ...], trace: ScheduleTrace | None
+        self,
+        request: InferenceRequest,
+        snapshot: tuple[Endpoint, ...],
+        version: int | None,
+        trace: ScheduleTrace | None,
     ) -> SchedulingResult:
         if not snapshot:
             raise NoEndpointsError("no candidate endpoints to schedule on")
@@ -59,7 +70,7 @@ class Scheduler:
         results: dict[str, ProfileRunResult | None] = {}
         failures: dict[str, SchedulingError] = {}
         while True:
-            names = self.handler.pick(request, cycle_state, self.profiles, results)
+            names = self.handler.pick_profiles(request, cycle_state, self.profiles, results)
             if not names:
                 break
             for name in names:
@@ -81,7 +92,9 @@ class Scheduler:
                     ptrace = ProfileTrace(name, candidates=[ep.name for ep in snapshot])
                     trace.profiles.append(ptrace)
                 try:
-                    results[name] = profile.run(request, cycle_state, snapshot, ptrace, self.timer)
+                    results[name] = profile.run(
+                        request, cycle_state, snapshot, trace=ptrace, timer=self.timer, version=version
+                    )
                 except SchedulingError as e:
                     results[name] = None
                     failures[name] = e

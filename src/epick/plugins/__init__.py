@@ -37,7 +37,6 @@ def in_tree_plugins() -> list[PluginSpec]:
         no_hit_lru.SPEC,
         token_load.SPEC,
         label_selector.SPEC,
-        label_selector.LLMD_SPEC,
         by_label.SPEC,
         *classic.specs(),
         role.DECODE_SPEC,
@@ -50,7 +49,6 @@ def in_tree_plugins() -> list[PluginSpec]:
         deciders.PREFIX_SPEC,
         deciders.ALWAYS_SPEC,
         prefill_header.SPEC,
-        prefill_header.ALIAS_SPEC,
     ]
 
 

@@ -45,12 +45,17 @@ Factory = Callable[[str, Any, Handle], Plugin]
 
 @dataclass(frozen=True, slots=True)
 class PluginSpec:
-    """How to build one plugin type: its parameters model and a factory taking validated parameters."""
+    """How to build one plugin type: its parameters model and a factory taking validated parameters.
+
+    `aliases` are other names a config may use for the same type (an upstream renamed it, or two
+    upstreams name it differently); a plugin built under an alias reports its `type`.
+    """
 
     type: str
     factory: Factory
     parameters: builtins.type[Parameters] = NoParameters
     summary: str = ""
+    aliases: tuple[str, ...] = ()
 
 
 class ParameterError(ValueError):
@@ -67,30 +72,39 @@ class DuplicatePluginTypeError(ValueError):
 
 
 class Registry:
-    """Plugin types by name. `register` refuses a name twice."""
+    """Plugin types by name, aliases included. `register` refuses a name (type or alias) twice."""
 
     def __init__(self) -> None:
-        self._specs: dict[str, PluginSpec] = {}
+        self._specs: dict[str, PluginSpec] = {}  # by type
+        self._names: dict[str, PluginSpec] = {}  # by type and by alias
         self._origin: dict[str, str] = {}
 
     def register(self, spec: PluginSpec, *, origin: str = "epick") -> None:
-        if spec.type in self._specs:
-            raise DuplicatePluginTypeError(
-                f"plugin type {spec.type!r} from {origin} is already registered by {self._origin[spec.type]}"
-            )
+        for name in (spec.type, *spec.aliases):
+            if name in self._names:
+                owner = self._names[name].type
+                raise DuplicatePluginTypeError(
+                    f"plugin type {name!r} from {origin} is already registered by "
+                    f"{self._origin[owner]}" + (f" (as a name of {owner!r})" if owner != name else "")
+                )
         self._specs[spec.type] = spec
         self._origin[spec.type] = origin
+        for name in (spec.type, *spec.aliases):
+            self._names[name] = spec
 
     def get(self, type_name: str) -> PluginSpec | None:
-        return self._specs.get(type_name)
+        """The spec of a type, by its name or one of its aliases."""
+        return self._names.get(type_name)
 
     def types(self) -> list[str]:
-        return sorted(self._specs)
+        """Every name a config may use: types and aliases."""
+        return sorted(self._names)
 
     def __contains__(self, type_name: object) -> bool:
-        return type_name in self._specs
+        return type_name in self._names
 
     def __iter__(self) -> Iterator[PluginSpec]:
+        """Each type once."""
         return iter(self._specs.values())
 
 

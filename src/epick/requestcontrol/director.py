@@ -28,6 +28,7 @@ from epick.framework import (
     Response,
     SchedulingError,
     SchedulingResult,
+    Snapshot,
 )
 from epick.framework.request import RequestKind
 from epick.plugins.profile.disagg import DEFAULT_PREFILL_PROFILE
@@ -158,11 +159,14 @@ class Director:
 
     def schedule(self, request: InferenceRequest, exclude: frozenset[str] = frozenset()) -> SchedulingResult:
         snapshot = self.datastore.snapshot()
-        candidates = tuple(ep for ep in snapshot if ep.name not in exclude) if exclude else snapshot
+        candidates: Snapshot | tuple[Endpoint, ...] = (
+            tuple(ep for ep in snapshot if ep.name not in exclude) if exclude else snapshot
+        )
         if not candidates:
             raise errors.no_endpoints()
         if request.priority < 0:
-            saturation = self.config.saturation_detector.pool_saturation(candidates)
+            endpoints = candidates.endpoints if isinstance(candidates, Snapshot) else candidates
+            saturation = self.config.saturation_detector.pool_saturation(endpoints)
             if saturation >= 1.0:
                 raise errors.shed(
                     f"pool saturated ({saturation:.2f}); sheddable request (priority {request.priority})"

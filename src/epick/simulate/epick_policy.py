@@ -11,113 +11,41 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from epick.config import LoadedConfig
-from epick.framework import Endpoint, InferenceRequest, Metrics, RequestBody, Response, SchedulingError
-from epick.framework.endpoint import ROLE_LABEL
-from epick.plugins.filters.by_label import ByLabelFilter
-from epick.plugins.filters.classic import (
-    DecisionTreeFilter,
-    LeastKVCacheFilter,
-    LeastQueueFilter,
-    LoraAffinityFilter,
-    LowQueueFilter,
+from epick.framework import (
+    Endpoint,
+    InferenceRequest,
+    Metrics,
+    Reads,
+    RequestBody,
+    Response,
+    SchedulingError,
+    Snapshot,
+    reads_of,
 )
-from epick.plugins.filters.label_selector import LabelSelectorFilter
-from epick.plugins.filters.role import RoleFilter
-from epick.plugins.filters.utilization import UtilizationDetector
-from epick.plugins.pickers.max_score import MaxScorePicker
-from epick.plugins.pickers.random_picker import RandomPicker
-from epick.plugins.pickers.round_robin import RoundRobinPicker
-from epick.plugins.pickers.weighted_random import WeightedRandomPicker
-from epick.plugins.prefix.scorer import PrefixCacheScorer
-from epick.plugins.prerequest.prefill_header import PrefillHeaderHandler
-from epick.plugins.profile.deciders import AlwaysDisaggDecider, PrefixBasedDecider
-from epick.plugins.profile.disagg import DisaggProfileHandler
-from epick.plugins.profile.shadow import ShadowProfileHandler
-from epick.plugins.profile.single import SingleProfileHandler
-from epick.plugins.scorers.active_request import ActiveRequestScorer
-from epick.plugins.scorers.kv_cache import KVCacheUtilizationScorer
-from epick.plugins.scorers.load_aware import LoadAwareScorer
-from epick.plugins.scorers.lora_affinity import LoraAffinityScorer
-from epick.plugins.scorers.no_hit_lru import NoHitLruScorer
-from epick.plugins.scorers.queue import QueueScorer
-from epick.plugins.scorers.running_requests import RunningRequestsSizeScorer
-from epick.plugins.scorers.session_affinity import SessionAffinityScorer
-from epick.plugins.scorers.token_load import TokenLoadScorer
+from epick.framework.endpoint import ROLE_LABEL
 from epick.requestcontrol.director import prefill_target
 from epick.simulate import vocab
 from epick.simulate.types import RefusedError, ServerView, SimRequestSpec
-
-# In-tree plugins that never read the prompt text (the token-load scorer and the prefix-based decider
-# read only its length, which `route` gives without the text).
-TEXT_BLIND = (
-    ActiveRequestScorer,
-    AlwaysDisaggDecider,
-    ByLabelFilter,
-    DecisionTreeFilter,
-    LeastKVCacheFilter,
-    LeastQueueFilter,
-    LoraAffinityFilter,
-    LowQueueFilter,
-    DisaggProfileHandler,
-    KVCacheUtilizationScorer,
-    LabelSelectorFilter,
-    LoadAwareScorer,
-    LoraAffinityScorer,
-    MaxScorePicker,
-    NoHitLruScorer,
-    PrefillHeaderHandler,
-    PrefixBasedDecider,
-    QueueScorer,
-    RandomPicker,
-    RoleFilter,
-    RoundRobinPicker,
-    RunningRequestsSizeScorer,
-    SessionAffinityScorer,
-    ShadowProfileHandler,
-    SingleProfileHandler,
-    TokenLoadScorer,
-    UtilizationDetector,
-    WeightedRandomPicker,
-)
-
-# In-tree plugins that never read an endpoint's scraped metrics.
-METRICS_BLIND = (
-    ActiveRequestScorer,
-    AlwaysDisaggDecider,
-    ByLabelFilter,
-    DecisionTreeFilter,
-    DisaggProfileHandler,
-    LabelSelectorFilter,
-    MaxScorePicker,
-    NoHitLruScorer,
-    PrefillHeaderHandler,
-    PrefixBasedDecider,
-    PrefixCacheScorer,
-    RandomPicker,
-    RoleFilter,
-    RoundRobinPicker,
-    SessionAffinityScorer,
-    ShadowProfileHandler,
-    SingleProfileHandler,
-    TokenLoadScorer,
-    WeightedRandomPicker,
-)
 
 
 class EpickPolicy:
     def __init__(self, name: str, config: LoadedConfig) -> None:
         self.name = name
         self.config = config
-        # Most plugins never read the prompt; then the (costly) text is not built at all.
-        self.needs_text = not all(isinstance(p, TEXT_BLIND) for p in config.plugins.values())
-        self.reads_metrics = not all(isinstance(p, METRICS_BLIND) for p in config.plugins.values())
-        self._endpoints: tuple[Endpoint, ...] = ()
+        # What the config's plugins declare they read: most never read the prompt, and then the
+        # (costly) text is not built at all; metrics nobody reads are not refreshed.
+        reads = Reads.NOTHING
+        for plugin in config.plugins.values():
+            reads |= reads_of(plugin)
+        self.needs_text = bool(reads & (Reads.PROMPT | Reads.TOKENS))
+        self.reads_metrics = bool(reads & Reads.METRICS)
+        self._endpoints = Snapshot((), 0)
         self._snapshot_key: tuple[object, ...] = ()
         self._requests: dict[str, tuple[InferenceRequest, Endpoint]] = {}
         self._prefill: int | None = None  # the prefill server of the request routed last
         self._session_headers: dict[str, dict[str, str]] = {}  # per session: from its last response
 
-    def _candidates(self, servers: Sequence[ServerView]) -> tuple[Endpoint, ...]:
+    def _candidates(self, servers: Sequence[ServerView]) -> Snapshot:
         if not self.reads_metrics:
             key: tuple[object, ...] = (len(servers),)  # metrics nobody reads need no refresh
         elif servers and servers[0].epoch:
@@ -128,7 +56,7 @@ class EpickPolicy:
             )
         if key != self._snapshot_key or len(self._endpoints) != len(servers):
             self._snapshot_key = key
-            self._endpoints = tuple(
+            endpoints = tuple(
                 Endpoint(
                     v.name,
                     "10.0.0.1",
@@ -145,6 +73,7 @@ class EpickPolicy:
                 )
                 for v in servers
             )
+            self._endpoints = Snapshot(endpoints, self._endpoints.version + 1)
         return self._endpoints
 
     def route(self, request: SimRequestSpec, servers: Sequence[ServerView], now: float) -> int:

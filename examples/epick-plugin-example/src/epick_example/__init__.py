@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin
+from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads
 from epick.plugins.registry import Handle, Parameters, PluginSpec
 
 TYPE = "label-preference-scorer"
@@ -19,6 +19,9 @@ class LabelPreferenceParameters(Parameters):
 
 class LabelPreferenceScorer(NamedPlugin):
     plugin_type = TYPE
+    # Labels only: no metrics, nothing of the request, no state. The runtime then scores each snapshot
+    # once, and the fleet simulator builds no prompt text for it.
+    reads = Reads.NOTHING
 
     def __init__(self, name: str, key: str, value: str) -> None:
         super().__init__(name)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin
+from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads
 from epick.plugins.registry import Handle, Parameters, PluginSpec
 
 TYPE = "by-label"
@@ -23,6 +23,7 @@ class ByLabelParameters(Parameters):
 
 class ByLabelFilter(NamedPlugin):
     plugin_type = TYPE
+    reads = Reads.NOTHING  # labels only
 
     def __init__(
         self,

@@ -23,8 +23,8 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from epick.framework import CycleState, Endpoint, Filter, InferenceRequest, NamedPlugin, Plugin
-from epick.plugins.registry import Factory, Handle, NoParameters, ParameterError, Parameters, PluginSpec
+from epick.framework import CycleState, Endpoint, Filter, InferenceRequest, NamedPlugin, Reads
+from epick.plugins.registry import Handle, NoParameters, ParameterError, Parameters, PluginSpec
 
 
 class LowQueueParameters(Parameters):
@@ -33,6 +33,7 @@ class LowQueueParameters(Parameters):
 
 class LowQueueFilter(NamedPlugin):
     plugin_type = "low-queue-filter"
+    reads = Reads.METRICS
 
     def __init__(self, name: str | None = None, threshold: int = 128) -> None:
         super().__init__(name)
@@ -46,6 +47,7 @@ class LowQueueFilter(NamedPlugin):
 
 class LeastQueueFilter(NamedPlugin):
     plugin_type = "least-queue-filter"
+    reads = Reads.METRICS
 
     def filter(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
@@ -56,6 +58,7 @@ class LeastQueueFilter(NamedPlugin):
 
 class LeastKVCacheFilter(NamedPlugin):
     plugin_type = "least-kv-cache-filter"
+    reads = Reads.METRICS
 
     def filter(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
@@ -81,6 +84,7 @@ class LoraAffinityParameters(Parameters):
 
 class LoraAffinityFilter(NamedPlugin):
     plugin_type = "lora-affinity-filter"
+    reads = Reads.METRICS | Reads.MODEL | Reads.HISTORY  # a random draw
 
     def __init__(
         self, name: str | None = None, threshold: float = 0.999, rng: random.Random | None = None
@@ -128,6 +132,7 @@ DecisionTreeEntry.model_rebuild()
 
 class DecisionTreeFilter(NamedPlugin):
     plugin_type = "decision-tree-filter"
+    reads = Reads.NOTHING  # its branches are plugins of their own
 
     def __init__(
         self,
@@ -214,28 +219,16 @@ def _decision_tree(name: str, params: DecisionTreeParameters, handle: Handle) ->
 
 
 def specs() -> list[PluginSpec]:
-    """Each filter under its GIE v0.5 type name (…-filter) and its later short one."""
-    table: list[tuple[str, Factory, type[Parameters], str]] = [
-        ("low-queue", _low_queue, LowQueueParameters, "waiting queue at most the threshold"),
-        ("least-queue", _least_queue, NoParameters, "queues in the lowest 1/n of the range"),
-        ("least-kv-cache", _least_kv, NoParameters, "KV-cache use in the lowest 1/n of the range"),
-        ("lora-affinity", _lora, LoraAffinityParameters, "endpoints with the adapter, or room for it"),
-        ("decision-tree", _decision_tree, DecisionTreeParameters, "filters chained on success or failure"),
-    ]
-    out = []
-    for short, factory, params, summary in table:
-        out.append(PluginSpec(f"{short}-filter", factory, params, summary))
-        out.append(PluginSpec(short, _typed(short, factory), params, f"the later name of {short}-filter"))
-    return out
-
-
-def _typed(type_name: str, factory: Factory) -> Factory:
-    """The factory, its plugins typed `type_name` (the name the config used)."""
-
-    def build(name: str, params: Any, handle: Handle) -> Plugin:
-        plugin = factory(name, params, handle)
-        assert isinstance(plugin, NamedPlugin)
-        plugin.retype(type_name)
-        return plugin
-
-    return build
+    """Each filter under its GIE v0.5 type name (…-filter), with its later short name as an alias."""
+    return [
+        PluginSpec("low-queue-filter", _low_queue, LowQueueParameters, "waiting queue at most the threshold",
+                   aliases=("low-queue",)),
+        PluginSpec("least-queue-filter", _least_queue, NoParameters, "queues in the lowest 1/n of the range",
+                   aliases=("least-queue",)),
+        PluginSpec("least-kv-cache-filter", _least_kv, NoParameters,
+                   "KV-cache use in the lowest 1/n of the range", aliases=("least-kv-cache",)),
+        PluginSpec("lora-affinity-filter", _lora, LoraAffinityParameters,
+                   "endpoints with the adapter, or room for it", aliases=("lora-affinity",)),
+        PluginSpec("decision-tree-filter", _decision_tree, DecisionTreeParameters,
+                   "filters chained on success or failure", aliases=("decision-tree",)),
+    ]  # fmt: skip

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin
+from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads
 from epick.plugins.registry import Handle, Parameters, PluginSpec
 
 TYPE = "label-selector-filter"
@@ -50,6 +50,7 @@ class LabelSelectorParameters(Parameters):
 
 class LabelSelectorFilter(NamedPlugin):
     plugin_type = TYPE
+    reads = Reads.NOTHING  # labels only
 
     def __init__(self, name: str | None = None, selector: LabelSelectorParameters | None = None) -> None:
         super().__init__(name)
@@ -67,19 +68,14 @@ class LabelSelectorFilter(NamedPlugin):
         return [ep for ep in endpoints if self.matches(ep.labels)]
 
 
-class ByLabelSelectorFilter(LabelSelectorFilter):
-    plugin_type = LLMD_TYPE
-
-
 def _factory(name: str, params: LabelSelectorParameters, handle: Handle) -> LabelSelectorFilter:
     return LabelSelectorFilter(name, params)
 
 
-def _llmd_factory(name: str, params: LabelSelectorParameters, handle: Handle) -> LabelSelectorFilter:
-    return ByLabelSelectorFilter(name, params)
-
-
-SPEC = PluginSpec(TYPE, _factory, LabelSelectorParameters, "keep endpoints matching a label selector")
-LLMD_SPEC = PluginSpec(
-    LLMD_TYPE, _llmd_factory, LabelSelectorParameters, "llm-d's name for label-selector-filter"
+SPEC = PluginSpec(
+    TYPE,
+    _factory,
+    LabelSelectorParameters,
+    "keep endpoints matching a label selector",
+    aliases=(LLMD_TYPE,),  # llm-d's name for it
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin
+from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads
 from epick.plugins.registry import Handle, NoParameters, PluginSpec
 
 DECODE_TYPE = "decode-filter"
@@ -20,6 +20,7 @@ PREFILL_ROLES = frozenset({"prefill", "encode-prefill", "prefill-decode", "both"
 
 
 class RoleFilter(NamedPlugin):
+    reads = Reads.NOTHING  # labels only
     roles: frozenset[str] = frozenset()
     keep_unlabelled = False
 

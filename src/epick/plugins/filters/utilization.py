@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 from pydantic import Field
 
-from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin
+from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads
 from epick.plugins.registry import Duration, Handle, Parameters, PluginSpec
 
 TYPE = "utilization-detector"
@@ -30,6 +30,7 @@ class UtilizationParameters(Parameters):
 
 class UtilizationDetector(NamedPlugin):
     plugin_type = TYPE
+    reads = Reads.METRICS | Reads.HISTORY  # metrics and their age
 
     def __init__(
         self,

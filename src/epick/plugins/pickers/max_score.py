@@ -15,6 +15,7 @@ from epick.framework import (
     InferenceRequest,
     NamedPlugin,
     ProfileRunResult,
+    Reads,
     ScoredEndpoint,
     split_scored,
 )
@@ -26,6 +27,7 @@ TYPE = "max-score-picker"
 
 class MaxScorePicker(NamedPlugin):
     plugin_type = TYPE
+    reads = Reads.HISTORY  # scores, and a random tie-break
 
     def __init__(
         self, name: str | None = None, max_num_of_endpoints: int = 1, rng: random.Random | None = None

@@ -10,6 +10,7 @@ from epick.framework import (
     InferenceRequest,
     NamedPlugin,
     ProfileRunResult,
+    Reads,
     ScoredEndpoint,
     split_scored,
 )
@@ -21,6 +22,7 @@ TYPE = "random-picker"
 
 class RandomPicker(NamedPlugin):
     plugin_type = TYPE
+    reads = Reads.HISTORY  # a random draw
 
     def __init__(
         self, name: str | None = None, max_num_of_endpoints: int = 1, rng: random.Random | None = None

@@ -15,6 +15,7 @@ from epick.framework import (
     InferenceRequest,
     NamedPlugin,
     ProfileRunResult,
+    Reads,
     ScoredEndpoint,
     split_scored,
 )
@@ -26,6 +27,7 @@ TYPE = "round-robin-picker"
 
 class RoundRobinPicker(NamedPlugin):
     plugin_type = TYPE
+    reads = Reads.HISTORY  # its turn
 
     def __init__(self, name: str | None = None, max_num_of_endpoints: int = 1) -> None:
         super().__init__(name)

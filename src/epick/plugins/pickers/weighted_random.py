@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from epick.framework import CycleState, InferenceRequest, NamedPlugin, ProfileRunResult, ScoredEndpoint
+from epick.framework import CycleState, InferenceRequest, NamedPlugin, ProfileRunResult, Reads, ScoredEndpoint
 from epick.plugins.pickers.params import PickerParameters
 from epick.plugins.registry import Handle, PluginSpec
 
@@ -19,6 +19,7 @@ TYPE = "weighted-random-picker"
 
 class WeightedRandomPicker(NamedPlugin):
     plugin_type = TYPE
+    reads = Reads.HISTORY  # scores, and a random draw
 
     def __init__(
         self, name: str | None = None, max_num_of_endpoints: int = 1, rng: random.Random | None = None

@@ -22,6 +22,7 @@ from epick.framework import (
     Endpoint,
     InferenceRequest,
     NamedPlugin,
+    Reads,
     SchedulingResult,
     state_key,
 )
@@ -75,6 +76,7 @@ class PrefixMatch:
 
 class PrefixCacheScorer(NamedPlugin):
     plugin_type = TYPE
+    reads = Reads.PROMPT | Reads.MODEL | Reads.BODY | Reads.HISTORY
 
     def __init__(
         self,

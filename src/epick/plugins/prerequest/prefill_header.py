@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from epick.framework import NamedPlugin
+from epick.framework import NamedPlugin, Reads
 from epick.plugins.registry import Handle, Parameters, PluginSpec
 
 TYPE = "prefill-header-handler"
@@ -25,6 +25,7 @@ class PrefillHeaderParameters(Parameters):
 
 class PrefillHeaderHandler(NamedPlugin):
     plugin_type = TYPE
+    reads = Reads.NOTHING  # the decision only
 
     def __init__(self, name: str | None = None, prefill_profile: str = "prefill") -> None:
         super().__init__(name)
@@ -34,19 +35,14 @@ class PrefillHeaderHandler(NamedPlugin):
         return {"prefillProfile": self.prefill_profile}
 
 
-class DisaggHeadersHandler(PrefillHeaderHandler):
-    plugin_type = ALIAS_TYPE
-
-
 def _factory(name: str, params: PrefillHeaderParameters, handle: Handle) -> PrefillHeaderHandler:
     return PrefillHeaderHandler(name, params.prefill_profile)
 
 
-def _alias(name: str, params: PrefillHeaderParameters, handle: Handle) -> PrefillHeaderHandler:
-    return DisaggHeadersHandler(name, params.prefill_profile)
-
-
-SPEC = PluginSpec(TYPE, _factory, PrefillHeaderParameters, "names the profile sent as x-prefiller-host-port")
-ALIAS_SPEC = PluginSpec(
-    ALIAS_TYPE, _alias, PrefillHeaderParameters, "llm-d's later name for prefill-header-handler"
+SPEC = PluginSpec(
+    TYPE,
+    _factory,
+    PrefillHeaderParameters,
+    "names the profile sent as x-prefiller-host-port",
+    aliases=(ALIAS_TYPE,),  # llm-d's later name for it
 )

@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from pydantic import Field
 
-from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Plugin
+from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Plugin, Reads
 from epick.plugins.prefix.scorer import find_prefix_match
 from epick.plugins.registry import Handle, NoParameters, Parameters, PluginSpec
 
@@ -34,6 +34,7 @@ class PDDecider(Plugin, DisaggregationRule, Protocol):
 
 class AlwaysDisaggDecider(NamedPlugin):
     plugin_type = ALWAYS_TYPE
+    reads = Reads.NOTHING
 
     def disaggregate(self, request: InferenceRequest, cycle_state: CycleState, decode: Endpoint) -> bool:
         return True
@@ -47,6 +48,7 @@ class PrefixDeciderParameters(Parameters):
 
 class PrefixBasedDecider(NamedPlugin):
     plugin_type = PREFIX_TYPE
+    reads = Reads.PROMPT_SIZE  # and the prefix scorer's match
 
     def __init__(
         self, name: str | None = None, non_cached_tokens: int = 0, prefix_plugin_name: str | None = None

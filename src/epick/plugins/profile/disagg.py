@@ -19,6 +19,7 @@ from epick.framework import (
     NamedPlugin,
     ProfileLike,
     ProfileRunResult,
+    Reads,
     SchedulingError,
     SchedulingResult,
 )
@@ -75,6 +76,7 @@ class DisaggParameters(Parameters):
 
 class DisaggProfileHandler(NamedPlugin):
     plugin_type = TYPE
+    reads = Reads.NOTHING  # its deciders are plugins of their own
 
     def __init__(
         self,
@@ -94,7 +96,7 @@ class DisaggProfileHandler(NamedPlugin):
             need["profiles.prefill"] = self.prefill_profile
         return need
 
-    def pick(
+    def pick_profiles(
         self,
         request: InferenceRequest,
         cycle_state: CycleState,

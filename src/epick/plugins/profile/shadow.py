@@ -17,6 +17,7 @@ from epick.framework import (
     NamedPlugin,
     ProfileLike,
     ProfileRunResult,
+    Reads,
     SchedulingError,
     SchedulingResult,
 )
@@ -33,6 +34,7 @@ class ShadowParameters(Parameters):
 
 class ShadowProfileHandler(NamedPlugin):
     plugin_type = TYPE
+    reads = Reads.NOTHING
 
     def __init__(self, name: str | None = None, primary: str = "default", shadows: list[str] | None = None):
         super().__init__(name)
@@ -45,7 +47,7 @@ class ShadowProfileHandler(NamedPlugin):
             need[f"shadowProfiles[{i}]"] = s
         return need
 
-    def pick(
+    def pick_profiles(
         self,
         request: InferenceRequest,
         cycle_state: CycleState,

@@ -10,6 +10,7 @@ from epick.framework import (
     NamedPlugin,
     ProfileLike,
     ProfileRunResult,
+    Reads,
     SchedulingError,
     SchedulingResult,
 )
@@ -22,8 +23,9 @@ class SingleProfileHandler(NamedPlugin):
     """Needs exactly one profile (the config loader enforces it)."""
 
     plugin_type = TYPE
+    reads = Reads.NOTHING
 
-    def pick(
+    def pick_profiles(
         self,
         request: InferenceRequest,
         cycle_state: CycleState,

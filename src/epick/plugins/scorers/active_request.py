@@ -17,6 +17,7 @@ from epick.framework import (
     Endpoint,
     InferenceRequest,
     NamedPlugin,
+    Reads,
     Response,
     SchedulingResult,
 )
@@ -76,6 +77,7 @@ def first_targets(result: SchedulingResult) -> list[str]:
 
 class ActiveRequestScorer(NamedPlugin):
     plugin_type = TYPE
+    reads = Reads.HISTORY  # requests in flight
 
     def __init__(
         self,

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin
+from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads
 from epick.plugins.registry import Handle, Parameters, PluginSpec
 
 TYPE = "load-aware-scorer"
@@ -22,6 +22,7 @@ class LoadAwareParameters(Parameters):
 
 class LoadAwareScorer(NamedPlugin):
     plugin_type = TYPE
+    reads = Reads.METRICS
 
     def __init__(self, name: str | None = None, threshold: int = 128) -> None:
         super().__init__(name)

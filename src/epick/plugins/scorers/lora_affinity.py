@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin
+from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads
 from epick.plugins.registry import Handle, NoParameters, PluginSpec
 
 TYPE = "lora-affinity-scorer"
@@ -16,6 +16,7 @@ TYPE = "lora-affinity-scorer"
 
 class LoraAffinityScorer(NamedPlugin):
     plugin_type = TYPE
+    reads = Reads.METRICS | Reads.MODEL
 
     def score(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, SchedulingResult
+from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads, SchedulingResult
 from epick.plugins.prefix.scorer import TYPE as PREFIX_TYPE
 from epick.plugins.prefix.scorer import find_prefix_match
 from epick.plugins.registry import Handle, Parameters, PluginSpec
@@ -33,6 +33,7 @@ class NoHitLruParameters(Parameters):
 
 class NoHitLruScorer(NamedPlugin):
     plugin_type = TYPE
+    reads = Reads.HISTORY  # its LRU order, and the prefix scorer's match
 
     def __init__(
         self,

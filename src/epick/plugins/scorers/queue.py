@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin
+from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads
 from epick.plugins.registry import Handle, NoParameters, PluginSpec
-from epick.plugins.scorers.snapshot_memo import SnapshotMemo
 from epick.plugins.scorers.spread import lower_is_better
 
 TYPE = "queue-scorer"
@@ -14,19 +13,12 @@ TYPE = "queue-scorer"
 
 class QueueScorer(NamedPlugin):
     plugin_type = TYPE
-
-    def __init__(self, name: str | None = None) -> None:
-        super().__init__(name)
-        self._memo = SnapshotMemo()  # the scores depend on the metrics alone
+    reads = Reads.METRICS  # so the runtime scores each snapshot version once
 
     def score(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
-    ) -> tuple[float, ...]:
-        return self._memo.scores(endpoints, _by_queue)
-
-
-def _by_queue(endpoints: Sequence[Endpoint]) -> list[float]:
-    return lower_is_better([ep.metrics.waiting_queue_size for ep in endpoints])
+    ) -> list[float]:
+        return lower_is_better([ep.metrics.waiting_queue_size for ep in endpoints])
 
 
 def _factory(name: str, params: NoParameters, handle: Handle) -> QueueScorer:

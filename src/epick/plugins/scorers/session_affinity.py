@@ -11,7 +11,7 @@ import base64
 import binascii
 from collections.abc import Sequence
 
-from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Response
+from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads, Response
 from epick.plugins.registry import Handle, NoParameters, PluginSpec
 
 TYPE = "session-affinity-scorer"
@@ -24,6 +24,7 @@ def session_token(endpoint_name: str) -> str:
 
 class SessionAffinityScorer(NamedPlugin):
     plugin_type = TYPE
+    reads = Reads.HEADERS
 
     def score(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]

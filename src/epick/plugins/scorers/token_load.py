@@ -16,7 +16,15 @@ from collections.abc import Callable, Sequence
 
 from pydantic import Field
 
-from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Response, SchedulingResult
+from epick.framework import (
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    NamedPlugin,
+    Reads,
+    Response,
+    SchedulingResult,
+)
 from epick.plugins.registry import Duration, Handle, Parameters, PluginSpec
 from epick.plugins.scorers.active_request import InFlight, first_targets
 
@@ -30,6 +38,7 @@ class TokenLoadParameters(Parameters):
 
 class TokenLoadScorer(NamedPlugin):
     plugin_type = TYPE
+    reads = Reads.PROMPT_SIZE | Reads.HISTORY  # tokens in flight
 
     def __init__(
         self,
