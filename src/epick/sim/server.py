@@ -2,14 +2,14 @@
 
 The engine steps on the event loop: each step's simulated duration is slept (divided by
 `time_scale`), then its tokens are handed to the waiting responses. Times in metrics and
-histograms are simulated seconds, what the modelled GPU server would report.
+histograms are simulated seconds, what the modelled GPU server would report. Request bodies and
+the OpenAI-shaped responses and stream chunks are `epick.sim.openai_api`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import time
 import uuid
@@ -25,6 +25,18 @@ from epick.sim.engine import Engine, RequestOutput, SimRequest, StepResult
 from epick.sim.errors import APIError
 from epick.sim.kv_events import KVEventPublisher
 from epick.sim.metrics import ServerMetrics
+from epick.sim.openai_api import (
+    _ChatWriter,
+    _CompletionWriter,
+    _model_card,
+    _sse,
+    _Writer,
+    chat_prompt,
+    completion_prompt,
+    finish_reason,
+    read_json,
+    usage,
+)
 from epick.sim.options import ServerOptions
 
 IDENTITY_HEADER = "x-epick-sim-server"
@@ -171,17 +183,6 @@ class SimServer:
             response.headers[IDENTITY_HEADER] = self.name or ""
         return response
 
-    async def _read_json(self, request: web.Request) -> dict[str, Any]:
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError, LookupError):
-            raise errors.bad_request(
-                "the request body is not valid JSON (or its charset is unknown)"
-            ) from None
-        if not isinstance(body, dict):
-            raise errors.bad_request("the request body must be a JSON object")
-        return body
-
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
 
@@ -207,7 +208,7 @@ class SimServer:
             self.loras[name] = self._next_lora_id
 
     async def _load_lora(self, request: web.Request) -> web.Response:
-        body = await self._read_json(request)
+        body = await read_json(request)
         name = body.get("lora_name")
         if not isinstance(name, str) or not name:
             raise errors.bad_request("lora_name must be a non-empty string", "lora_name")
@@ -219,7 +220,7 @@ class SimServer:
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 
     async def _unload_lora(self, request: web.Request) -> web.Response:
-        body = await self._read_json(request)
+        body = await read_json(request)
         name = body.get("lora_name")
         if not isinstance(name, str) or name not in self.loras:
             raise APIError(
@@ -237,32 +238,12 @@ class SimServer:
 
     # Inference.
     async def _completions(self, request: web.Request) -> web.StreamResponse:
-        body = await self._read_json(request)
-        prompt = body.get("prompt")
-        if (
-            isinstance(prompt, list)
-            and prompt
-            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-        ):
-            tokens = [t % tokenizer.VOCAB_SIZE for t in prompt]
-        elif isinstance(prompt, str):
-            tokens = tokenizer.tokenize(prompt)
-        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-            if len(prompt) > 1:
-                raise errors.bad_request("only one prompt per request is supported", "prompt")
-            tokens = tokenizer.tokenize(prompt[0])
-        else:
-            raise errors.bad_request("'prompt' must be a string or a list of token ids", "prompt")
-        return await self._generate(request, body, tokens, chat=False)
+        body = await read_json(request)
+        return await self._generate(request, body, completion_prompt(body), chat=False)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        body = await self._read_json(request)
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise errors.bad_request("'messages' must be a non-empty list of objects", "messages")
-        return await self._generate(
-            request, body, tokenizer.tokenize(tokenizer.render_chat(messages)), chat=True
-        )
+        body = await read_json(request)
+        return await self._generate(request, body, chat_prompt(body), chat=True)
 
     def _check(self, body: dict[str, Any]) -> tuple[str, str | None, int]:
         model = body.get("model")
@@ -339,7 +320,7 @@ class SimServer:
             texts.append(tokenizer.decode(out.new_token_ids))
             if out.finished:
                 break
-        body = writer.full("".join(texts), self._finish_reason(pending.request), self._usage(pending.request))
+        body = writer.full("".join(texts), finish_reason(pending.request), usage(pending.request))
         self._add_transfer_params(body, pending.request)
         return web.json_response(body)
 
@@ -360,7 +341,7 @@ class SimServer:
                 await response.write(_sse(e.body()))
                 break
             text = tokenizer.decode(out.new_token_ids)
-            finish = self._finish_reason(pending.request) if out.finished else None
+            finish = finish_reason(pending.request) if out.finished else None
             chunk = writer.delta(text, finish)
             if out.finished:
                 self._add_transfer_params(chunk, pending.request)
@@ -368,22 +349,10 @@ class SimServer:
             if out.finished:
                 break
         if include_usage:
-            await response.write(_sse(writer.usage_chunk(self._usage(pending.request))))
+            await response.write(_sse(writer.usage_chunk(usage(pending.request))))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
-
-    def _finish_reason(self, req: SimRequest) -> str:
-        return req.finish_reason.value if req.finish_reason else "length"
-
-    def _usage(self, req: SimRequest) -> dict[str, Any]:
-        cached = max(req.num_cached_tokens, 0)
-        return {
-            "prompt_tokens": req.num_prompt_tokens,
-            "completion_tokens": req.num_output_tokens,
-            "total_tokens": req.num_prompt_tokens + req.num_output_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached},
-        }
 
     def _add_transfer_params(self, body: dict[str, Any], req: SimRequest) -> None:
         if self.options.role != "prefill":
@@ -398,22 +367,6 @@ class SimServer:
         }
 
 
-def _model_card(model_id: str, root: str, parent: str | None, created: int, max_len: int) -> dict[str, Any]:
-    return {
-        "id": model_id,
-        "object": "model",
-        "created": created,
-        "owned_by": "vllm",
-        "root": root,
-        "parent": parent,
-        "max_model_len": max_len,
-    }
-
-
-def _sse(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
-
-
 def _offset_endpoint(endpoint: str, index: int) -> str:
     """tcp://host:port → tcp://host:(port + index), one publisher per server of a --count process."""
     if index == 0:
@@ -422,82 +375,6 @@ def _offset_endpoint(endpoint: str, index: int) -> str:
     if not sep or not port.isdigit():
         raise ValueError(f"--kv-events-endpoint {endpoint!r}: with --count, give tcp://HOST:PORT")
     return f"{head}:{int(port) + index}"
-
-
-class _Writer:
-    object_name = ""
-    chunk_name = ""
-
-    def __init__(self, model: str, request_id: str) -> None:
-        self.model = model
-        self.id = request_id
-        self.created = int(time.time())
-
-    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": obj,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
-
-    def opening(self) -> list[dict[str, Any]]:
-        return []
-
-    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
-        chunk = self._envelope(self.chunk_name, [])
-        chunk["usage"] = usage
-        return chunk
-
-    def delta(self, text: str, finish: str | None) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def full(self, text: str, finish: str, usage: dict[str, Any]) -> dict[str, Any]:
-        raise NotImplementedError
-
-
-class _CompletionWriter(_Writer):
-    object_name = "text_completion"
-    chunk_name = "text_completion"
-
-    def delta(self, text: str, finish: str | None) -> dict[str, Any]:
-        return self._envelope(
-            self.chunk_name, [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
-        )
-
-    def full(self, text: str, finish: str, usage: dict[str, Any]) -> dict[str, Any]:
-        body = self._envelope(
-            self.object_name, [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
-        )
-        body["usage"] = usage
-        return body
-
-
-class _ChatWriter(_Writer):
-    object_name = "chat.completion"
-    chunk_name = "chat.completion.chunk"
-
-    def opening(self) -> list[dict[str, Any]]:
-        return [
-            self._envelope(
-                self.chunk_name,
-                [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
-            )
-        ]
-
-    def delta(self, text: str, finish: str | None) -> dict[str, Any]:
-        return self._envelope(
-            self.chunk_name, [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]
-        )
-
-    def full(self, text: str, finish: str, usage: dict[str, Any]) -> dict[str, Any]:
-        body = self._envelope(
-            self.object_name,
-            [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
-        )
-        body["usage"] = usage
-        return body
 
 
 async def serve(options: ServerOptions, *, ready: Callable[[list[SimServer]], None] | None = None) -> None:

@@ -1,0 +1,326 @@
+"""`KubernetesDiscovery`: ties the client, the pool and the reflector together, following an
+InferencePool (or a label selector) and keeping a `Datastore` in step with its Ready pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import aiohttp
+
+from epick.datalayer.datastore import Datastore, EndpointSpec
+from epick.datalayer.discovery.kubernetes.api import Json, _ApiError, _describe, _metadata
+from epick.datalayer.discovery.kubernetes.client import load_client
+from epick.datalayer.discovery.kubernetes.pool import (
+    DEFAULT_TARGET_PORTS,
+    POOL_API_VERSIONS,
+    POOL_PLURAL,
+    _check_ports,
+    _describe_target,
+    _parse_pool,
+    _selector_string,
+    _Target,
+    _where,
+    endpoints_of,
+)
+from epick.datalayer.discovery.kubernetes.reflector import Reflector, _Collection
+from epick.datalayer.discovery.static import DiscoveryError
+
+log = logging.getLogger(__name__)
+
+
+class KubernetesDiscovery:
+    """Keeps a `Datastore` in step with the Ready pods of an InferencePool, or of a label selector.
+
+    Give exactly one of `pool` (an InferencePool's name; its selector and target ports are used) or
+    `selector` (a label selector string such as "app=vllm,tier in (a,b)", or a mapping of matchLabels,
+    served on `target_ports`, default [8000]). Without `api_client`, the configuration is loaded at
+    `start()`: from `kubeconfig` when given, else in-cluster when KUBERNETES_SERVICE_HOST is set, else the
+    default kubeconfig; a client made here is closed by `stop()`, one passed in is left open.
+    """
+
+    def __init__(
+        self,
+        datastore: Datastore,
+        namespace: str,
+        *,
+        pool: str | None = None,
+        selector: str | Mapping[str, str] | None = None,
+        target_ports: Sequence[int] | None = None,
+        api_client: Any = None,
+        kubeconfig: str | os.PathLike[str] | None = None,
+        watch_timeout_s: int = 300,
+        request_timeout_s: float = 30.0,
+        backoff_s: tuple[float, float] = (0.5, 30.0),
+    ) -> None:
+        if not namespace:
+            raise DiscoveryError("Kubernetes discovery: a namespace is required")
+        if (pool is None) == (selector is None):
+            raise DiscoveryError(
+                "Kubernetes discovery: give either an InferencePool name or a label selector"
+            )
+        if api_client is not None and kubeconfig is not None:
+            raise DiscoveryError("Kubernetes discovery: give an API client or a kubeconfig, not both")
+        self._datastore = datastore
+        self._namespace = namespace
+        self._pool = pool
+        self._target: _Target | None = None
+        if pool is not None:
+            if not pool:
+                raise DiscoveryError("Kubernetes discovery: the InferencePool name is empty")
+            if target_ports is not None:
+                raise DiscoveryError(
+                    f"Kubernetes discovery: InferencePool {pool!r} sets the target ports; do not give them"
+                )
+        else:
+            assert selector is not None
+            where = "Kubernetes discovery: the label selector"
+            text = _selector_string(selector, where) if isinstance(selector, Mapping) else selector.strip()
+            if not text:
+                raise DiscoveryError(f"{where} is empty (it would select every pod in {namespace!r})")
+            ports = DEFAULT_TARGET_PORTS if target_ports is None else tuple(target_ports)
+            self._target = _Target(text, _check_ports(ports, "Kubernetes discovery: target ports"))
+        self._api_client = api_client
+        self._own_client = False
+        self._kubeconfig = None if kubeconfig is None else os.fspath(kubeconfig)
+        self._reflector = Reflector(watch_timeout_s, request_timeout_s, backoff_s)
+        self._pool_api: tuple[str, str] | None = None  # (group, version) the pool was found in
+        self._pool_present = False
+        self._pods: dict[str, tuple[EndpointSpec, ...]] = {}  # the endpoints of each Ready pod
+        self._pod_task: asyncio.Task[None] | None = None
+        self._pool_task: asyncio.Task[None] | None = None
+        self._started = False
+
+    # public
+
+    @property
+    def source(self) -> str:
+        """What is being followed, for logs: "InferencePool default/pool" or "pods in default (app=vllm)"."""
+        if self._pool is not None:
+            return f"InferencePool {self._namespace}/{self._pool}"
+        assert self._target is not None
+        return f"pods in {self._namespace} ({self._target.selector})"
+
+    @property
+    def target_ports(self) -> tuple[int, ...]:
+        return () if self._target is None else self._target.ports
+
+    async def start(self) -> None:
+        """List once (the datastore is filled when this returns), then keep watching in the background.
+
+        Raises `DiscoveryError` when the configuration cannot be loaded, the API server cannot be reached,
+        the pool does not exist (or is invalid), or the API server refuses the list (its message quoted).
+        """
+        if self._started:
+            raise RuntimeError("KubernetesDiscovery.start() called twice")
+        self._started = True
+        if self._api_client is None:
+            self._api_client = await load_client(self._kubeconfig)
+            self._own_client = True
+        try:
+            pool_rv = await self._initial_pool() if self._pool is not None else None
+            pod_rv = await self._initial_pods()
+        except DiscoveryError:
+            await self._close_client()
+            raise
+        except _ApiError as e:
+            await self._close_client()
+            raise DiscoveryError(
+                f"{self.source}: the Kubernetes API server at {self._host} said {e}"
+            ) from None
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            await self._close_client()
+            raise DiscoveryError(
+                f"{self.source}: cannot reach the Kubernetes API server at {self._host}: {_describe(e)}"
+            ) from None
+        except ValueError as e:
+            await self._close_client()
+            raise DiscoveryError(
+                f"{self.source}: {self._host} does not answer as a Kubernetes API server: {_describe(e)}"
+            ) from None
+        except BaseException:  # cancelled, or a bug: still close a client made here
+            await self._close_client()
+            raise
+        self._pod_task = asyncio.create_task(
+            self._reflector.reflect(self._pods_collection(), pod_rv, self._pods_listed, self._pod_event)
+        )
+        if self._pool is not None:
+            self._pool_task = asyncio.create_task(
+                self._reflector.reflect(self._pool_collection(), pool_rv, self._pool_listed, self._pool_event)
+            )
+
+    async def stop(self) -> None:
+        """Stop watching (the datastore keeps what it has) and close a client made by `start()`."""
+        pool_task, self._pool_task = self._pool_task, None
+        await _cancel(pool_task)
+        await self._stop_pods()
+        await self._close_client()
+
+    # set-up
+
+    @property
+    def _host(self) -> str:
+        return str(getattr(getattr(self._api_client, "configuration", None), "host", "?"))
+
+    async def _close_client(self) -> None:
+        if self._own_client and self._api_client is not None:
+            self._own_client = False
+            await self._api_client.close()
+
+    async def _initial_pool(self) -> str:
+        from kubernetes_asyncio import client
+
+        api = client.CustomObjectsApi(self._api_client)
+        for group, version in POOL_API_VERSIONS:
+            try:
+                pool = await self._reflector.get(
+                    api.get_namespaced_custom_object, group, version, self._namespace, POOL_PLURAL, self._pool
+                )
+            except _ApiError as e:
+                if e.status == 404:
+                    continue
+                raise
+            self._pool_api = (group, version)
+            self._target = _parse_pool(pool, f"{self.source} ({group}/{version})")
+            self._pool_present = True
+            log.info("%s (%s/%s): %s", self.source, group, version, _describe_target(self._target))
+            return str(_metadata(pool).get("resourceVersion") or "")
+        tried = " and ".join(f"{g}/{v}" for g, v in POOL_API_VERSIONS)
+        raise DiscoveryError(
+            f"InferencePool {self._pool!r} not found in namespace {self._namespace!r} "
+            f"(looked in {tried} at {self._host})"
+        )
+
+    async def _initial_pods(self) -> str:
+        items, rv = await self._reflector.list_items(self._pods_collection())
+        await self._pods_listed(items)
+        return rv
+
+    # the two collections
+
+    def _pods_collection(self) -> _Collection:
+        from kubernetes_asyncio import client
+
+        assert self._target is not None
+        return _Collection(
+            f"pods in {self._namespace} ({self._target.selector})",
+            client.CoreV1Api(self._api_client).list_namespaced_pod,
+            (self._namespace,),
+            {"label_selector": self._target.selector},
+        )
+
+    def _pool_collection(self) -> _Collection:
+        from kubernetes_asyncio import client
+
+        assert self._pool_api is not None
+        group, version = self._pool_api
+        return _Collection(
+            self.source,
+            client.CustomObjectsApi(self._api_client).list_namespaced_custom_object,
+            (group, version, self._namespace, POOL_PLURAL),
+            {"field_selector": f"metadata.name={self._pool}"},
+        )
+
+    # pods
+
+    async def _pods_listed(self, items: list[Json]) -> None:
+        pods: dict[str, tuple[EndpointSpec, ...]] = {}
+        for obj in items:
+            name, specs, _ = endpoints_of(obj, self._target)
+            if specs:
+                pods[name] = specs
+        for name in sorted(pods.keys() - self._pods.keys()):
+            log.info("%s: pod %s added: %s", self.source, name, _where(pods[name]))
+        for name in sorted(self._pods.keys() - pods.keys()):
+            log.info("%s: pod %s removed (gone from the list)", self.source, name)
+        for name in sorted(pods.keys() & self._pods.keys()):
+            if pods[name] != self._pods[name]:
+                log.info("%s: pod %s changed: %s", self.source, name, _where(pods[name]))
+        self._pods = pods
+        self._datastore.replace_all(spec for specs in pods.values() for spec in specs)
+
+    async def _pod_event(self, kind: str, obj: Json) -> None:
+        name, specs, why_not = endpoints_of(obj, self._target)
+        if not name:
+            return
+        if kind == "DELETED":
+            specs, why_not = (), "deleted"
+        old = self._pods.get(name)
+        if not specs:
+            if old is not None:
+                del self._pods[name]
+                for spec in old:
+                    self._datastore.remove(spec.name)
+                log.info("%s: pod %s removed (%s)", self.source, name, why_not)
+            return
+        if old == specs:
+            return
+        self._pods[name] = specs
+        for spec in old or ():
+            if spec.name not in {s.name for s in specs}:
+                self._datastore.remove(spec.name)
+        for spec in specs:
+            self._datastore.upsert(spec)
+        log.info("%s: pod %s %s: %s", self.source, name, "changed" if old else "added", _where(specs))
+
+    async def _stop_pods(self) -> None:
+        task, self._pod_task = self._pod_task, None
+        await _cancel(task)
+
+    # the pool
+
+    async def _pool_listed(self, items: list[Json]) -> None:
+        mine = [p for p in items if _metadata(p).get("name") == self._pool]
+        await self._apply_pool(mine[0] if mine else None)
+
+    async def _pool_event(self, kind: str, obj: Json) -> None:
+        if _metadata(obj).get("name") != self._pool:
+            return
+        await self._apply_pool(None if kind == "DELETED" else obj)
+
+    async def _apply_pool(self, pool: Json | None) -> None:
+        if pool is None:
+            if self._pool_present:
+                self._pool_present = False
+                await self._stop_pods()
+                log.warning(
+                    "%s was deleted: removing its %d endpoints until it is created again",
+                    self.source,
+                    sum(len(s) for s in self._pods.values()),
+                )
+                self._pods = {}
+                self._datastore.replace_all(())
+            return
+        try:
+            target = _parse_pool(pool, self.source)
+        except DiscoveryError as e:
+            log.error("%s; keeping the current endpoints", e)
+            return
+        if self._pool_present and target == self._target:
+            return
+        log.info(
+            "%s %s: %s",
+            self.source,
+            "changed" if self._pool_present else "appeared",
+            _describe_target(target),
+        )
+        await self._stop_pods()
+        self._pool_present = True
+        self._target = target
+        self._pod_task = asyncio.create_task(
+            self._reflector.reflect(self._pods_collection(), None, self._pods_listed, self._pod_event)
+        )
+
+
+async def _cancel(task: asyncio.Task[None] | None) -> None:
+    """Cancel a task and wait for it to end; a cancellation of the caller itself still propagates."""
+    if task is None:
+        return
+    task.cancel()
+    await asyncio.wait([task])
+    if not task.cancelled() and task.exception() is not None:
+        log.error("Kubernetes discovery task failed", exc_info=task.exception())
