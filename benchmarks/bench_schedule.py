@@ -21,7 +21,7 @@ from rich.table import Table
 
 from epick.cli.simulate import CONFIG_POLICIES
 from epick.config import LoadedConfig, load_config_text, load_default_config
-from epick.framework import Endpoint, InferenceRequest, Metrics, Snapshot
+from epick.framework import CycleState, Endpoint, InferenceRequest, Metrics, Snapshot
 
 RANDOM_ONLY = CONFIG_POLICIES["random"]
 
@@ -73,7 +73,7 @@ def measure(
         result = scheduler.schedule(request, eps)
         latencies.append(clock() - start)
         for hook in hooks:
-            hook.pre_request(request, result)
+            hook.pre_request(request, result, CycleState())
     latencies.sort()
     p50 = latencies[len(latencies) // 2]
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]

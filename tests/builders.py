@@ -145,7 +145,9 @@ class FakePlugin(NamedPlugin):
                 return ProfileRunResult((s.endpoint,))
         return ProfileRunResult((scored[0].endpoint,))
 
-    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+    def pre_request(
+        self, request: InferenceRequest, result: SchedulingResult, cycle_state: CycleState
+    ) -> None:
         self.calls.append("pre_request")
 
     def response_received(self, request: InferenceRequest, response: Response, endpoint: Endpoint) -> None:
@@ -191,3 +193,15 @@ class ScriptedHandler(NamedPlugin):
         if results.get(self.primary) is None:
             raise SchedulingError(f"profile {self.primary!r} produced no result", profile=self.primary)
         return SchedulingResult(dict(results), self.primary)
+
+
+def schedule_and_record(
+    config: Any, request: InferenceRequest, candidates: Sequence[Endpoint]
+) -> SchedulingResult:
+    """A scheduling call, then the config's PreRequest hooks with that call's cycle state, as the
+    request path runs them (`config` is a LoadedConfig)."""
+    cycle_state = CycleState()
+    result: SchedulingResult = config.scheduler.schedule(request, candidates, cycle_state=cycle_state)
+    for hook in config.hooks.pre_request:
+        hook.pre_request(request, result, cycle_state)
+    return result

@@ -11,7 +11,7 @@ import pytest
 from epick.config import LoadedConfig, load_config_file, load_config_text, load_default_config
 from epick.config.defaults import DEFAULT_CONFIG_YAML
 from epick.config.schema import API_VERSIONS
-from epick.framework import Filter, Picker, PreRequest, ResponseComplete, ResponseReceived, Scorer
+from epick.framework import CycleState, Filter, Picker, PreRequest, ResponseComplete, ResponseReceived, Scorer
 from epick.plugins import in_tree_registry
 from epick.plugins.filters.utilization import UtilizationDetector
 from epick.plugins.pickers.max_score import MaxScorePicker
@@ -107,7 +107,7 @@ def test_default_config_schedules_and_learns_prefixes() -> None:
     result = config.scheduler.schedule(request, eps)
     assert [ep.name for ep in result.targets] == ["a"]
     for hook in config.hooks.pre_request:
-        hook.pre_request(request, result)
+        hook.pre_request(request, result, CycleState())
     prefix = config.plugins["prefix-cache-scorer"]
     assert isinstance(prefix, PrefixCacheScorer)
     assert prefix.index.endpoints() == ["a"]

@@ -324,6 +324,6 @@ def test_a_versioned_snapshot_schedules_as_its_endpoints_do() -> None:
         plain = other.scheduler.schedule(request, eps)
         assert names(versioned.targets) == names(plain.targets)
         for hook in config.hooks.pre_request:
-            hook.pre_request(request, versioned)
+            hook.pre_request(request, versioned, CycleState())
         for hook in other.hooks.pre_request:
-            hook.pre_request(request, plain)
+            hook.pre_request(request, plain, CycleState())

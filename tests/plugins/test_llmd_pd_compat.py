@@ -12,7 +12,6 @@ from epick.framework import CycleState, Endpoint
 from epick.plugins.prefix.scorer import PrefixCacheScorer, PrefixMatch
 from epick.plugins.profile.deciders import AlwaysDisaggDecider
 from epick.plugins.profile.pd import PdProfileHandler, ThresholdRule
-from epick.requestcontrol.director import prefill_target
 from tests.builders import make_endpoint, make_request
 
 # As llm-d's examples write it (pd-config.yaml of its guides): prefill past 10 uncached bytes.
@@ -64,22 +63,21 @@ def test_llmd_pd_config_loads_and_disaggregates_until_the_decode_endpoint_holds_
     assert (handler.decider.threshold, handler.decider.block_bytes) == (10, 5)
     prefix = config.plugins["prefix-cache-scorer"]
     assert isinstance(prefix, PrefixCacheScorer) and prefix.block_bytes == 5
-    assert config.prefill_profile == "prefill"
 
     first = make_request("abcde" * 8)  # 40 bytes, nothing cached: 40 >= 10 -> prefill on p1
-    result = config.scheduler.schedule(first, pool())
-    assert result.primary_profile == "decode"
+    cycle_state = CycleState()
+    result = config.scheduler.schedule(first, pool(), cycle_state=cycle_state)
+    assert result.primary_profile == "decode" and result.prefill_profile == "prefill"
     assert [ep.name for ep in result.targets] == ["d1"]
-    prefill = prefill_target(result, config.prefill_profile)
-    assert prefill is not None and prefill.name == "p1"
+    assert result.prefill is not None and result.prefill.name == "p1"
     for hook in config.hooks.pre_request:
-        hook.pre_request(first, result)
+        hook.pre_request(first, result, cycle_state)
 
     # The same prompt plus 5 bytes: d1 holds 8 blocks of 5 (40 bytes): 45 - 40 = 5 < 10 -> decode only.
     again = make_request("abcde" * 8 + "fghij")
     result = config.scheduler.schedule(again, pool())
     assert list(result.profile_results) == ["decode"]
-    assert prefill_target(result, config.prefill_profile) is None
+    assert result.prefill is None
 
 
 @pytest.mark.parametrize(
@@ -140,16 +138,19 @@ def test_pd_profile_handler_with_a_named_decider_and_custom_profiles() -> None:
     handler = config.scheduler.handler
     assert isinstance(handler, PdProfileHandler)
     assert isinstance(handler.decider, AlwaysDisaggDecider)
-    assert config.prefill_profile == "pre"
     result = config.scheduler.schedule(make_request("x"), pool())
-    assert result.primary_profile == "dec"
-    prefill = prefill_target(result, config.prefill_profile)
-    assert prefill is not None and prefill.name == "p1"
+    assert (result.primary_profile, result.prefill_profile) == ("dec", "pre")
+    assert result.prefill is not None and result.prefill.name == "p1"
 
 
-def test_prefill_profile_comes_from_the_pd_handler_without_a_header_handler() -> None:
-    config = load_config_text(_pd_config("    decodeProfile: dec\n    prefillProfile: pre"), seed=1)
-    assert config.prefill_profile == "pre"
+def test_a_header_handler_naming_another_prefill_profile_than_the_pd_handler_is_refused() -> None:
+    text = _pd_config(
+        "    deciderPluginName: always\n    decodeProfile: dec\n    prefillProfile: pre",
+        "- name: always\n  type: always-disagg-pd-decider\n- type: prefill-header-handler\n"
+        "  parameters:\n    prefillProfile: dec",
+    )
+    with pytest.raises(ConfigError, match=r"prefillProfile: names profile 'dec', but the profile handler"):
+        load_config_text(text)
 
 
 @pytest.mark.parametrize(

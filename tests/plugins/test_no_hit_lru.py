@@ -9,7 +9,7 @@ from epick.config import load_config_text
 from epick.framework import CycleState, ProfileRunResult, SchedulingResult
 from epick.plugins.prefix.scorer import PrefixMatch
 from epick.plugins.scorers.no_hit_lru import NoHitLruParameters, NoHitLruScorer
-from tests.builders import make_endpoint, make_request
+from tests.builders import make_endpoint, make_request, schedule_and_record
 
 A, B, C, D = (make_endpoint(n) for n in "abcd")
 
@@ -25,7 +25,7 @@ def send(scorer: NoHitLruScorer, request_id: str, target: str, cycle_state: Cycl
     request = make_request("x", request_id=request_id)
     scores = scorer.score(request, cycle_state, [A, B, C, D])
     result = SchedulingResult({"default": ProfileRunResult((make_endpoint(target),))}, "default")
-    scorer.pre_request(request, result)
+    scorer.pre_request(request, result, cycle_state)
     return scores
 
 
@@ -55,9 +55,10 @@ def test_no_prefix_state_counts_as_cold_and_one_endpoint_scores_one() -> None:
 def test_prefill_target_is_recorded_too_and_lru_size_bounds_the_order() -> None:
     scorer = NoHitLruScorer(lru_size=2)
     request = make_request("x", request_id="r1")
-    scorer.score(request, cold_cycle(), [A, B, C, D])
+    cycle = cold_cycle()
+    scorer.score(request, cycle, [A, B, C, D])
     result = SchedulingResult({"decode": ProfileRunResult((A,)), "prefill": ProfileRunResult((B,))}, "decode")
-    scorer.pre_request(request, result)
+    scorer.pre_request(request, result, cycle)
     assert list(scorer._lru) == ["a", "b"]
     send(scorer, "r2", "c", cold_cycle())
     assert list(scorer._lru) == ["b", "c"]  # a, the oldest, dropped
@@ -88,9 +89,7 @@ schedulingProfiles:
     chosen = []
     for i, prompt in enumerate(["first prompt", "second prompt", "third prompt", "first prompt"]):
         request = make_request(prompt, request_id=f"r{i}")
-        result = config.scheduler.schedule(request, pool)
-        for hook in config.hooks.pre_request:
-            hook.pre_request(request, result)
+        result = schedule_and_record(config, request, pool)
         chosen.append(result.targets[0].name)
     # Three cold prompts spread over the three endpoints; the repeat goes where its prefix is.
     assert chosen[:3] == ["a", "b", "c"]

@@ -214,7 +214,7 @@ def score(scorer: PrefixCacheScorer, request: InferenceRequest, endpoints: Seque
 def record(scorer: PrefixCacheScorer, request: InferenceRequest, *targets: Endpoint) -> None:
     """Score then PreRequest, as a scheduling call followed by dispatch would."""
     scorer.score(request, CycleState(), list(targets))
-    scorer.pre_request(request, result_of(("default", list(targets))))
+    scorer.pre_request(request, result_of(("default", list(targets))), CycleState())
 
 
 def test_prefix_scorer_is_zero_for_an_empty_index() -> None:
@@ -291,7 +291,7 @@ def test_prefix_scorer_records_the_first_target_of_every_profile_result() -> Non
     scorer = PrefixCacheScorer(block_size_tokens=1)
     request = make_request("aaaabbbb")
     scorer.score(request, CycleState(), [d1, d2, p1, other])
-    scorer.pre_request(request, result_of(("decode", [d1, d2]), ("prefill", [p1])))
+    scorer.pre_request(request, result_of(("decode", [d1, d2]), ("prefill", [p1])), CycleState())
     # d1 (decode primary) and p1 (prefill primary) hold the prompt; the fallback d2 does not
     assert score(scorer, make_request("aaaabbbb"), [d1, d2, p1, other]) == [1.0, 0.0, 1.0, 0.0]
 
@@ -299,7 +299,7 @@ def test_prefix_scorer_records_the_first_target_of_every_profile_result() -> Non
 def test_prefix_scorer_pre_request_without_a_prior_score_still_records() -> None:
     a = make_endpoint("a")
     scorer = PrefixCacheScorer(block_size_tokens=1)
-    scorer.pre_request(make_request("aaaabbbb"), result_of(("default", [a])))
+    scorer.pre_request(make_request("aaaabbbb"), result_of(("default", [a])), CycleState())
     assert score(scorer, make_request("aaaabbbb"), [a]) == [1.0]
 
 
@@ -307,7 +307,7 @@ def test_prefix_scorer_skips_a_failed_profile_result() -> None:
     a = make_endpoint("a")
     scorer = PrefixCacheScorer(block_size_tokens=1)
     result = SchedulingResult({"decode": ProfileRunResult((a,)), "prefill": None}, "decode")
-    scorer.pre_request(make_request("aaaabbbb"), result)
+    scorer.pre_request(make_request("aaaabbbb"), result, CycleState())
     assert scorer.index.endpoints() == ["a"]
 
 

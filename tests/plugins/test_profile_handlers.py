@@ -318,7 +318,7 @@ def test_prefix_based_pd_end_to_end_disaggregates_until_the_decode_endpoint_hold
         "decode": ["d1"],
         "prefill": ["p1"],
     }
-    prefix.pre_request(first, result)
+    prefix.pre_request(first, result, CycleState())
 
     # the same prompt again: d1 holds all 10 blocks (160 tokens): 160 - 160 < 100 -> decode only
     again = make_request("q" * 640)
@@ -439,7 +439,7 @@ def test_prefix_based_decider_counts_non_ascii_prompts_in_the_units_of_the_index
     d = make_endpoint("d")
     prefix = PrefixCacheScorer()  # 64-byte blocks
     prefix.pre_request(
-        make_request("é" * 128), SchedulingResult({"decode": ProfileRunResult((d,))}, "decode")
+        make_request("é" * 128), SchedulingResult({"decode": ProfileRunResult((d,))}, "decode"), CycleState()
     )
     cycle_state = CycleState()
     request = make_request("é" * 256)  # 512 bytes = 8 blocks; "é" * 128 holds the first 4

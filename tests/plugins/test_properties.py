@@ -225,7 +225,7 @@ def test_scores_are_in_unit_interval_for_valid_metrics(
         result = SchedulingResult({"default": ProfileRunResult((target,))}, "default")
         for scorer in scorers:
             if isinstance(scorer, PreRequest):
-                scorer.pre_request(request, result)
+                scorer.pre_request(request, result, CycleState())
             if complete and isinstance(scorer, ResponseComplete):
                 scorer.response_complete(request, Response(request.request_id), target)
         clock.now += advance
@@ -462,8 +462,9 @@ def run_workload(config: str, config_seed: int, workload_seed: int, steps: int =
         ]
         prompt = rng.choice(["system prompt A ", "system prompt B ", ""]) + "q" * rng.randint(0, 40)
         request = make_request(prompt, request_id=f"r{i}")
+        cycle_state = CycleState()
         try:
-            result = loaded.scheduler.schedule(request, endpoints)
+            result = loaded.scheduler.schedule(request, endpoints, cycle_state=cycle_state)
         except SchedulingError as e:
             outcomes.append(("error", str(e)))
             continue
@@ -475,7 +476,7 @@ def run_workload(config: str, config_seed: int, workload_seed: int, steps: int =
             )
         )
         for hook in loaded.hooks.pre_request:
-            hook.pre_request(request, result)
+            hook.pre_request(request, result, cycle_state)
         if rng.random() < 0.5:
             for done in loaded.hooks.response_complete:
                 done.response_complete(request, Response(request.request_id), result.targets[0])

@@ -215,7 +215,7 @@ def test_active_request_counts_and_scores_relative_to_the_busiest() -> None:
     a, b, c = eps("a", "b", "c")
     scorer = ActiveRequestScorer(clock=FakeClock())
     for rid, target in [("r1", a), ("r2", a), ("r3", b)]:
-        scorer.pre_request(make_request(request_id=rid), result_of(("default", [target])))
+        scorer.pre_request(make_request(request_id=rid), result_of(("default", [target])), CycleState())
     # counts a=2, b=1, c=0; max 2: a (2-2)/2 = 0, b (2-1)/2 = 0.5, c (2-0)/2 = 1
     assert score(scorer, [a, b, c]) == [0.0, 0.5, 1.0]
 
@@ -224,7 +224,7 @@ def test_active_request_max_is_over_every_tracked_endpoint_not_just_candidates()
     a, b, c = eps("a", "b", "c")
     scorer = ActiveRequestScorer(clock=FakeClock())
     for rid, target in [("r1", a), ("r2", a), ("r3", a), ("r4", a), ("r5", b)]:
-        scorer.pre_request(make_request(request_id=rid), result_of(("default", [target])))
+        scorer.pre_request(make_request(request_id=rid), result_of(("default", [target])), CycleState())
     # counts a=4, b=1; a is not a candidate, the max is still 4: b (4-1)/4 = 0.75, c (4-0)/4 = 1
     assert score(scorer, [b, c]) == [0.75, 1.0]
 
@@ -233,7 +233,7 @@ def test_active_request_counts_the_first_target_of_every_profile_result() -> Non
     d1, d2, p1, p2 = eps("d1", "d2", "p1", "p2")
     scorer = ActiveRequestScorer(clock=FakeClock())
     pd = result_of(("decode", [d1, d2]), ("prefill", [p1, p2]))
-    scorer.pre_request(make_request(request_id="r1"), pd)
+    scorer.pre_request(make_request(request_id="r1"), pd, CycleState())
     # d1 and p1 count 1 each; the fallbacks d2, p2 do not: max 1 -> d1 0, p1 0, d2 1, p2 1
     assert score(scorer, [d1, d2, p1, p2]) == [0.0, 1.0, 0.0, 1.0]
 
@@ -242,7 +242,7 @@ def test_active_request_ignores_a_failed_profile_result() -> None:
     a, b = eps("a", "b")
     scorer = ActiveRequestScorer(clock=FakeClock())
     result = SchedulingResult({"decode": ProfileRunResult((a,)), "prefill": None}, "decode")
-    scorer.pre_request(make_request(request_id="r1"), result)
+    scorer.pre_request(make_request(request_id="r1"), result, CycleState())
     assert score(scorer, [a, b]) == [0.0, 1.0]
 
 
@@ -250,9 +250,9 @@ def test_active_request_response_complete_decrements() -> None:
     a, b = eps("a", "b")
     scorer = ActiveRequestScorer(clock=FakeClock())
     r1, r2, r3 = (make_request(request_id=f"r{i}") for i in (1, 2, 3))
-    scorer.pre_request(r1, result_of(("default", [a])))
-    scorer.pre_request(r2, result_of(("default", [a])))
-    scorer.pre_request(r3, result_of(("default", [b])))
+    scorer.pre_request(r1, result_of(("default", [a])), CycleState())
+    scorer.pre_request(r2, result_of(("default", [a])), CycleState())
+    scorer.pre_request(r3, result_of(("default", [b])), CycleState())
     # a=2, b=1 -> a 0, b (2-1)/2 = 0.5
     assert score(scorer, [a, b]) == [0.0, 0.5]
     scorer.response_complete(r1, Response("r1"), a)
@@ -270,8 +270,8 @@ def test_active_request_response_complete_decrements() -> None:
 def test_active_request_same_request_twice_counts_once() -> None:
     a, b = eps("a", "b")
     scorer = ActiveRequestScorer(clock=FakeClock())
-    scorer.pre_request(make_request(request_id="r1"), result_of(("default", [a])))
-    scorer.pre_request(make_request(request_id="r1"), result_of(("default", [b])))
+    scorer.pre_request(make_request(request_id="r1"), result_of(("default", [a])), CycleState())
+    scorer.pre_request(make_request(request_id="r1"), result_of(("default", [b])), CycleState())
     # r1 moved to b: a=0, b=1
     assert score(scorer, [a, b]) == [1.0, 0.0]
     assert scorer.in_flight.counts == {"b": 1.0}
@@ -281,10 +281,14 @@ def test_active_request_entries_expire_after_the_timeout() -> None:
     a, b = eps("a", "b")
     clock = FakeClock(100.0)
     scorer = ActiveRequestScorer(request_timeout=10.0, clock=clock)
-    scorer.pre_request(make_request(request_id="r1"), result_of(("default", [a])))  # expires at 110
+    scorer.pre_request(
+        make_request(request_id="r1"), result_of(("default", [a])), CycleState()
+    )  # expires at 110
     clock.now = 105.0
-    scorer.pre_request(make_request(request_id="r2"), result_of(("default", [b])))  # expires at 115
-    scorer.pre_request(make_request(request_id="r3"), result_of(("default", [b])))
+    scorer.pre_request(
+        make_request(request_id="r2"), result_of(("default", [b])), CycleState()
+    )  # expires at 115
+    scorer.pre_request(make_request(request_id="r3"), result_of(("default", [b])), CycleState())
     clock.now = 109.999
     # a=1, b=2: a (2-1)/2 = 0.5, b 0
     assert score(scorer, [a, b]) == [0.5, 0.0]
@@ -322,7 +326,7 @@ def test_token_load_counts_prompt_tokens_plus_max_tokens(body: dict[str, object]
     a, b = eps("a", "b")
     scorer = TokenLoadScorer(queue_threshold_tokens=1000, clock=FakeClock())
     request = InferenceRequest.from_openai({"model": "m", **body}, request_id="r1")
-    scorer.pre_request(request, result_of(("default", [a])))
+    scorer.pre_request(request, result_of(("default", [a])), CycleState())
     assert scorer.in_flight.counts == {"a": float(tokens)}
     # a: 1 - tokens/1000; b has none in flight: 1
     assert score(scorer, [a, b]) == pytest.approx([1 - tokens / 1000, 1.0])
@@ -331,8 +335,12 @@ def test_token_load_counts_prompt_tokens_plus_max_tokens(body: dict[str, object]
 def test_token_load_threshold_caps_the_load() -> None:
     a, b, c = eps("a", "b", "c")
     scorer = TokenLoadScorer(queue_threshold_tokens=100, clock=FakeClock())
-    scorer.pre_request(make_request("x" * 200, request_id="r1"), result_of(("default", [a])))  # 50
-    scorer.pre_request(make_request("x" * 600, request_id="r2"), result_of(("default", [b])))  # 150
+    scorer.pre_request(
+        make_request("x" * 200, request_id="r1"), result_of(("default", [a])), CycleState()
+    )  # 50
+    scorer.pre_request(
+        make_request("x" * 600, request_id="r2"), result_of(("default", [b])), CycleState()
+    )  # 150
     # a 1 - 50/100 = 0.5; b 1 - min(150, 100)/100 = 0; c 1
     assert score(scorer, [a, b, c]) == [0.5, 0.0, 1.0]
 
@@ -341,9 +349,11 @@ def test_token_load_sums_requests_and_counts_every_profile_first_target() -> Non
     d, p, f = eps("d", "p", "fallback")
     scorer = TokenLoadScorer(queue_threshold_tokens=1000, clock=FakeClock())
     scorer.pre_request(
-        make_request("x" * 400, request_id="r1"), result_of(("decode", [d, f]), ("prefill", [p]))
+        make_request("x" * 400, request_id="r1"),
+        result_of(("decode", [d, f]), ("prefill", [p])),
+        CycleState(),
     )
-    scorer.pre_request(make_request("x" * 800, request_id="r2"), result_of(("decode", [d])))
+    scorer.pre_request(make_request("x" * 800, request_id="r2"), result_of(("decode", [d])), CycleState())
     # d: 100 + 200 = 300 -> 0.7; p: 100 -> 0.9; fallback not counted -> 1
     assert score(scorer, [d, p, f]) == pytest.approx([0.7, 0.9, 1.0])
 
@@ -354,9 +364,9 @@ def test_token_load_response_complete_and_expiry() -> None:
     scorer = TokenLoadScorer(queue_threshold_tokens=1000, request_timeout=30.0, clock=clock)
     r1 = make_request("x" * 400, request_id="r1")  # 100 tokens
     r2 = make_request("x" * 800, request_id="r2")  # 200 tokens
-    scorer.pre_request(r1, result_of(("default", [a])))
+    scorer.pre_request(r1, result_of(("default", [a])), CycleState())
     clock.now = 10.0
-    scorer.pre_request(r2, result_of(("default", [b])))
+    scorer.pre_request(r2, result_of(("default", [b])), CycleState())
     assert score(scorer, [a, b]) == pytest.approx([0.9, 0.8])
     scorer.response_complete(r1, Response("r1"), a)
     assert score(scorer, [a, b]) == pytest.approx([1.0, 0.8])

@@ -311,7 +311,9 @@ class Recorder(NamedPlugin):
         if self.fail:
             raise RuntimeError(f"{self.name} broke in {what}")
 
-    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+    def pre_request(
+        self, request: InferenceRequest, result: SchedulingResult, cycle_state: CycleState
+    ) -> None:
         self._record("pre_request")
 
     def response_received(self, request: InferenceRequest, response: Response, endpoint: Endpoint) -> None:

@@ -6,7 +6,10 @@ import json
 import random
 from pathlib import Path
 
+import pytest
+
 from epick.config import load_config_text
+from epick.framework import InferenceRequest, RequestBody
 from epick.sim.engine import CostModel, EngineConfig
 from epick.simulate.epick_policy import EpickPolicy
 from epick.simulate.fleet import Fleet, Poisson
@@ -102,15 +105,44 @@ def test_a_trace_model_other_than_the_base_model_is_an_adapter(tmp_path: Path) -
 TOKEN_LOAD = one_scorer("token-load-scorer", "    queueThresholdTokens: 20000\n")
 
 
-def test_configs_that_read_only_the_prompt_length_route_as_if_they_had_the_text() -> None:
-    """Without the text the policy gives its exact length, so skipping the text changes nothing."""
+def test_a_config_that_reads_only_prompt_lengths_never_spells_a_prompt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The request is the one the service would build; its text is spelt only when a plugin reads it
+    (the token-load scorer reads the length, the prefix scorer the text)."""
+    bodies: list[RequestBody] = []
+    build = EpickPolicy.request
 
-    def run(force_text: bool) -> list[tuple[str, int]]:
-        p = policy(TOKEN_LOAD)
-        assert not p.needs_text
-        p.needs_text = force_text
-        workload = build_workload("sharegpt-like", {"n": 150})
-        result = Fleet(4, ENGINE, p).run(workload.requests(random.Random(3)), Poisson(30.0), random.Random(4))
-        return [(r.request_id, r.server) for r in result.records]
+    def recording(self: EpickPolicy, spec: SimRequestSpec) -> InferenceRequest:
+        request = build(self, spec)
+        bodies.append(request.body)
+        return request
 
-    assert run(False) == run(True)
+    monkeypatch.setattr(EpickPolicy, "request", recording)
+    workload = build_workload("sharegpt-like", {"n": 60})
+    for config, spelt in ((TOKEN_LOAD, False), (one_scorer("prefix-cache-scorer"), True)):
+        bodies.clear()
+        result = Fleet(4, ENGINE, policy(config)).run(
+            workload.requests(random.Random(3)), Poisson(30.0), random.Random(4)
+        )
+        assert len(bodies) == len(result.records) == 60
+        assert {body.text_built for body in bodies} == {spelt}
+
+
+SMALL = {
+    "sharegpt-like": {"n": 30},
+    "shared-prefix": {"groups": 3, "prompts-per-group": 10},
+    "long-doc-qa": {"documents": 3, "questions-per-document": 10, "document-tokens": 2000},
+    "lora-mix": {"n": 30},
+    "multi-turn": {"sessions": 4},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SMALL))
+def test_the_length_given_without_the_text_is_the_texts_own(kind: str) -> None:
+    p = policy(TOKEN_LOAD)
+    workload = build_workload(kind, SMALL[kind])
+    for spec in list(workload.requests(random.Random(5)))[:30]:
+        lazy = p.request(spec).body
+        assert lazy.prefix_bytes == len(spec.prompt.encode()) and not lazy.text_built
+        assert lazy.prefix_text == spec.prompt and lazy.text_built

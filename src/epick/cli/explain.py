@@ -11,6 +11,7 @@ from rich.table import Table
 
 from epick.config import LoadedConfig
 from epick.framework import (
+    CycleState,
     Endpoint,
     InferenceRequest,
     ProfileRunResult,
@@ -55,7 +56,7 @@ def replay_history(config: LoadedConfig, history: list[tuple[InferenceRequest, E
     for request, endpoint in history:
         result = SchedulingResult({profile: ProfileRunResult((endpoint,))}, profile)
         for pre in hooks.pre_request:
-            pre.pre_request(request, result)
+            pre.pre_request(request, result, CycleState())
         response = Response(request.request_id, end_of_stream=True)
         for received in hooks.response_received:
             received.response_received(request, response, endpoint)

@@ -208,7 +208,11 @@ class Service:
             observer=self.metrics,
         )
         self.proxy = (
-            Proxy(self.director, self.datastore, self.catalog, options.proxy) if options.proxy else None
+            Proxy(
+                self.director, self.datastore, self.catalog, options.proxy, self.scrapers.report_unreachable
+            )
+            if options.proxy
+            else None
         )
         self.extproc = ExtProcServer(self.director, options.extproc) if options.extproc else None
         self._metrics_runner: web.AppRunner | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import random
 import typing
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from epick.framework import (
 )
 from epick.plugins.filters.utilization import UtilizationDetector, UtilizationParameters
 from epick.plugins.prerequest.prefill_header import PrefillHeaderHandler
-from epick.plugins.profile.disagg import DEFAULT_PREFILL_PROFILE, DisaggProfileHandler
+from epick.plugins.profile.disagg import DisaggProfileHandler
 from epick.plugins.profile.requirements import NeedsProfiles
 from epick.plugins.registry import ParameterError, Registry
 
@@ -81,9 +81,6 @@ class LoadedConfig:
     hooks: RequestHooks
     saturation_detector: UtilizationDetector
     warnings: list[str]
-    # The profile whose target prefills a disaggregated request (`x-prefiller-host-port`): as a
-    # prefill-header-handler names it, else the P/D profile handler's, else "prefill".
-    prefill_profile: str = DEFAULT_PREFILL_PROFILE
 
     def summary(self) -> list[str]:
         """One line per profile, then the handler: what `epick check-config` prints."""
@@ -95,15 +92,6 @@ class LoadedConfig:
             lines.append(f"profile {profile.name}: filters [{filters}]; scorers [{scorers}]; picker {picker}")
         lines.append(f"profile handler: {self.scheduler.handler.typed_name}")
         return lines
-
-
-def _prefill_profile(plugins: Iterable[Plugin], handler: ProfileHandler) -> str:
-    for plugin in plugins:
-        if isinstance(plugin, PrefillHeaderHandler):
-            return plugin.prefill_profile
-    if isinstance(handler, DisaggProfileHandler):
-        return handler.prefill_profile
-    return DEFAULT_PREFILL_PROFILE
 
 
 def load_config_file(
@@ -313,7 +301,6 @@ class _Builder:
             hooks=RequestHooks.from_plugins(plugins),
             saturation_detector=detector,
             warnings=self.warnings,
-            prefill_profile=_prefill_profile(self.instances.values(), handler),
         )
 
     def _index_plugins(self) -> None:
@@ -491,7 +478,23 @@ class _Builder:
                         f"profile {profile_name!r} does not exist",
                         f"name one of the profiles: {', '.join(sorted(profile_names))}",
                     )
+        self._check_prefill_header(handler)
         return profiles, handler
+
+    def _check_prefill_header(self, handler: ProfileHandler | None) -> None:
+        """A prefill-header-handler names the profile whose target prefills (`x-prefiller-host-port`);
+        the P/D profile handler runs that profile, so both must name the same one."""
+        if not isinstance(handler, DisaggProfileHandler):
+            return
+        for plugin_name, plugin in self.instances.items():
+            if isinstance(plugin, PrefillHeaderHandler) and plugin.prefill_profile != handler.prefill_profile:
+                index = self.entries[plugin_name][0] if plugin_name in self.entries else -1
+                self.fail(
+                    f"plugins[{index}].parameters.prefillProfile",
+                    f"names profile {plugin.prefill_profile!r}, but the profile handler "
+                    f"{handler.typed_name.name!r} prefills with profile {handler.prefill_profile!r}",
+                    f"name {handler.prefill_profile!r} here, or make it the handler's prefill profile",
+                )
 
     def _default_handler(self) -> ProfileHandler:
         spec = self.registry.get(DEFAULT_HANDLER)

@@ -91,7 +91,11 @@ class PluginTimer(Protocol):
 
 @runtime_checkable
 class PreRequest(Plugin, Protocol):
-    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None: ...
+    def pre_request(
+        self, request: InferenceRequest, result: SchedulingResult, cycle_state: CycleState
+    ) -> None:
+        """After the decision, before dispatch; `cycle_state` is the scheduling call's own."""
+        ...
 
 
 @runtime_checkable

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -29,29 +29,69 @@ class ChatMessage:
 
 @dataclass(frozen=True, slots=True)
 class RequestBody:
-    """The parsed OpenAI body: a completion prompt or chat messages."""
+    """The parsed OpenAI body: a completion prompt or chat messages.
+
+    The text the approximate prefix index hashes (`prefix_text`: the prompt, or the chat messages as
+    compact JSON) is built on first read: most configs never read it. A body may also be made from a
+    text's length and a function that spells it (`lazy_completion`, as the fleet simulator does), so
+    plugins that read only `prefix_bytes` never pay for the text.
+    """
 
     kind: RequestKind
-    prompt: str = ""
     messages: tuple[ChatMessage, ...] = ()
     stream: bool = False
     cache_salt: str = ""
     max_tokens: int | None = None
-    # The text the approximate prefix index hashes: the prompt, or the chat messages as compact JSON.
-    prefix_text: str = ""
-    prefix_bytes: int = 0  # its UTF-8 length: the unit of the index's blocks and of token estimates
+    # The prefix text, or a function that builds it; and its UTF-8 length when known.
+    source: str | Callable[[], str] = field(default="", repr=False)
+    known_bytes: int | None = field(default=None, repr=False)
 
     @classmethod
     def completion(cls, prompt: str, **kwargs: Any) -> RequestBody:
-        return cls(
-            kind="completion", prompt=prompt, prefix_text=prompt, prefix_bytes=_utf8_len(prompt), **kwargs
-        )
+        return cls(kind="completion", source=prompt, **kwargs)
 
     @classmethod
     def chat(cls, messages: Sequence[ChatMessage], **kwargs: Any) -> RequestBody:
         msgs = tuple(messages)
-        text = json.dumps([m.to_json() for m in msgs], separators=(",", ":"), ensure_ascii=False)
-        return cls(kind="chat", messages=msgs, prefix_text=text, prefix_bytes=_utf8_len(text), **kwargs)
+
+        def text() -> str:
+            return json.dumps([m.to_json() for m in msgs], separators=(",", ":"), ensure_ascii=False)
+
+        return cls(kind="chat", messages=msgs, source=text, **kwargs)
+
+    @classmethod
+    def lazy_completion(cls, prefix_bytes: int, text: Callable[[], str], **kwargs: Any) -> RequestBody:
+        """A completion whose prompt is `prefix_bytes` long and spelt by `text()` when first read."""
+        return cls(kind="completion", source=text, known_bytes=prefix_bytes, **kwargs)
+
+    @property
+    def prefix_text(self) -> str:
+        """The text the approximate prefix index hashes: the prompt, or the messages as compact JSON."""
+        source = self.source
+        if isinstance(source, str):
+            return source
+        text = source()
+        object.__setattr__(self, "source", text)
+        return text
+
+    @property
+    def prompt(self) -> str:
+        """A completion's prompt ("" for chat)."""
+        return self.prefix_text if self.kind == "completion" else ""
+
+    @property
+    def prefix_bytes(self) -> int:
+        """The UTF-8 length of `prefix_text`: the unit of the index's blocks and of token estimates."""
+        known = self.known_bytes
+        if known is None:
+            known = _utf8_len(self.prefix_text)
+            object.__setattr__(self, "known_bytes", known)
+        return known
+
+    @property
+    def text_built(self) -> bool:
+        """Whether the text exists yet (False until a plugin read it, for a lazily spelt body)."""
+        return isinstance(self.source, str)
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,6 +72,9 @@ class SchedulingResult:
     primary_profile: str
     # Results of profiles run only to be reported (shadow profiles); never acted on.
     shadow_results: Mapping[str, ProfileRunResult | None] = field(default_factory=dict)
+    # The profile whose target computes the prompt when the decision disaggregates prefill from
+    # decode (set by a P/D profile handler; `prefill` is its target).
+    prefill_profile: str | None = None
 
     @property
     def primary(self) -> ProfileRunResult:
@@ -83,3 +86,13 @@ class SchedulingResult:
     def targets(self) -> tuple[Endpoint, ...]:
         """The primary profile's targets: where to send the request, then fallbacks."""
         return self.primary.targets
+
+    @property
+    def prefill(self) -> Endpoint | None:
+        """The endpoint that prefills a disaggregated request (`x-prefiller-host-port`), if any: the
+        prefill profile's target, when that profile ran beside the primary one."""
+        name = self.prefill_profile
+        if name is None or name == self.primary_profile:
+            return None
+        result = self.profile_results.get(name)
+        return result.targets[0] if result is not None and result.targets else None

@@ -39,15 +39,19 @@ class Scheduler:
         candidates: Snapshot | Iterable[Endpoint],
         *,
         trace: ScheduleTrace | None = None,
+        cycle_state: CycleState | None = None,
     ) -> SchedulingResult:
         """Schedule `request` on `candidates`: a versioned `Snapshot` (what the data layer gives, so
-        scores that depend on metrics alone are computed once per version) or any endpoints."""
+        scores that depend on metrics alone are computed once per version) or any endpoints.
+
+        `cycle_state` is the call's scratch space; pass one to hand it on to the PreRequest hooks.
+        """
         if isinstance(candidates, Snapshot):
             endpoints, version = candidates.endpoints, candidates.version
         else:
             endpoints, version = tuple(candidates), None
         try:
-            result = self._schedule(request, endpoints, version, trace)
+            result = self._schedule(request, endpoints, version, trace, cycle_state or CycleState())
         except SchedulingError as e:
             if trace is not None:
                 trace.error = str(e)
@@ -63,10 +67,10 @@ class Scheduler:
         snapshot: tuple[Endpoint, ...],
         version: int | None,
         trace: ScheduleTrace | None,
+        cycle_state: CycleState,
     ) -> SchedulingResult:
         if not snapshot:
             raise NoEndpointsError("no candidate endpoints to schedule on")
-        cycle_state = CycleState()
         results: dict[str, ProfileRunResult | None] = {}
         failures: dict[str, SchedulingError] = {}
         while True:

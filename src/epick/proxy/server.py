@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -62,10 +63,18 @@ class _AttemptFailedError(Exception):
 
 class Proxy:
     def __init__(
-        self, director: Director, datastore: Datastore, catalog: ModelCatalog | None, options: ProxyOptions
+        self,
+        director: Director,
+        datastore: Datastore,
+        catalog: ModelCatalog | None,
+        options: ProxyOptions,
+        unreachable: Callable[[str, str], None],
     ) -> None:
+        """`unreachable(name, reason)` tells the data layer an endpoint failed under a request (the
+        datastore is only read here)."""
         self.director = director
         self.datastore = datastore
+        self.unreachable = unreachable
         self.catalog = catalog
         self.options = options
         self.port = options.port
@@ -163,8 +172,9 @@ class Proxy:
         try:
             upstream = await self._session.post(url, data=d.body, headers=headers, timeout=timeout)
         except (TimeoutError, aiohttp.ClientConnectionError) as e:
-            self.datastore.set_healthy(endpoint.name, False)
-            raise _AttemptFailedError(f"cannot connect: {type(e).__name__}: {e}") from None
+            reason = f"cannot connect: {type(e).__name__}: {e}"
+            self.unreachable(endpoint.name, reason)
+            raise _AttemptFailedError(reason) from None
         try:
             if upstream.status >= 500:
                 error_body = await upstream.read()
@@ -185,8 +195,9 @@ class Proxy:
         try:
             body = await upstream.read()
         except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
-            self.datastore.set_healthy(endpoint.name, False)
-            raise _AttemptFailedError(f"response broke off: {type(e).__name__}: {e}") from None
+            reason = f"response broke off: {type(e).__name__}: {e}"
+            self.unreachable(endpoint.name, reason)
+            raise _AttemptFailedError(reason) from None
         self.director.response_received(d.request, response, endpoint)
         response.chunk = body
         response.end_of_stream = True
@@ -233,7 +244,7 @@ class Proxy:
         except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
             # The model server broke off mid-response: tell the client cleanly, stop choosing the endpoint.
             response.error = f"{type(e).__name__}: {e}"
-            self.datastore.set_healthy(endpoint.name, False)
+            self.unreachable(endpoint.name, f"response broke off: {response.error}")
             log.warning(
                 "response from %s broke after %.2fs: %s", endpoint.name, time.monotonic() - started, e
             )

@@ -1,9 +1,10 @@
-"""An epick config as a fleet-simulation policy: the real scheduler, plugins and request-control hooks.
+"""An epick config as a fleet-simulation policy: the service's own request path on simulated servers.
 
-Each request becomes an `InferenceRequest` (a completion whose prompt is the request's text); the
-candidates are the servers with the metrics of their last scrape; `PreRequest` hooks run after each
-decision (the approximate prefix index learns exactly as in the service) and `ResponseComplete`
-hooks when the request finishes.
+Each request becomes the `InferenceRequest` the service would build (a completion whose prompt is
+the request's text, spelt only if a plugin reads it); the candidates are the servers, named as the
+fleet names them, with the metrics of their last scrape; `RequestPath.decide` admits, schedules and
+runs the PreRequest hooks exactly as for the proxy and ext_proc, and the response hooks run when the
+request finishes.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from epick.framework import (
     Reads,
     RequestBody,
     Response,
-    SchedulingError,
     Snapshot,
     reads_of,
 )
 from epick.framework.endpoint import ROLE_LABEL
-from epick.requestcontrol.director import prefill_target
+from epick.requestcontrol.errors import RequestError
+from epick.requestcontrol.path import RequestPath
 from epick.simulate import vocab
 from epick.simulate.types import RefusedError, ServerView, SimRequestSpec
 
@@ -32,14 +33,11 @@ class EpickPolicy:
     def __init__(self, name: str, config: LoadedConfig) -> None:
         self.name = name
         self.config = config
-        # What the config's plugins declare they read: most never read the prompt, and then the
-        # (costly) text is not built at all; metrics nobody reads are not refreshed.
-        reads = Reads.NOTHING
-        for plugin in config.plugins.values():
-            reads |= reads_of(plugin)
-        self.needs_text = bool(reads & (Reads.PROMPT | Reads.TOKENS))
-        self.reads_metrics = bool(reads & Reads.METRICS)
+        self.path = RequestPath(config)
+        # Metrics nobody reads (by the plugins' declarations) need no scrape.
+        self.reads_metrics = any(reads_of(p) & Reads.METRICS for p in config.plugins.values())
         self._endpoints = Snapshot((), 0)
+        self._servers: dict[str, int] = {}  # endpoint name -> server index
         self._snapshot_key: tuple[object, ...] = ()
         self._requests: dict[str, tuple[InferenceRequest, Endpoint]] = {}
         self._prefill: int | None = None  # the prefill server of the request routed last
@@ -56,11 +54,12 @@ class EpickPolicy:
             )
         if key != self._snapshot_key or len(self._endpoints) != len(servers):
             self._snapshot_key = key
+            # A simulated server has no address: it is known by its name (port 0 marks that).
             endpoints = tuple(
                 Endpoint(
                     v.name,
-                    "10.0.0.1",
-                    8000 + v.index,
+                    v.name,
+                    0,
                     {ROLE_LABEL: v.role} if v.role else {},
                     Metrics(
                         waiting_queue_size=v.waiting,
@@ -73,38 +72,35 @@ class EpickPolicy:
                 )
                 for v in servers
             )
+            self._servers = {v.name: v.index for v in servers}
             self._endpoints = Snapshot(endpoints, self._endpoints.version + 1)
         return self._endpoints
 
+    def request(self, spec: SimRequestSpec) -> InferenceRequest:
+        """The request as the service would parse it; the prompt is spelt only when a plugin reads it
+        (its length is known without it: the text's own, or what spelling it gives)."""
+        known = spec.text
+        length = len(known.encode()) if known is not None else vocab.text_length(len(spec.tokens))
+        body = RequestBody.lazy_completion(length, lambda: spec.prompt)
+        # The client sends back what the last response of its session told it to (a session token).
+        headers = self._session_headers.get(spec.session, {}) if spec.session else {}
+        return InferenceRequest(spec.model, body, spec.request_id, headers)
+
     def route(self, request: SimRequestSpec, servers: Sequence[ServerView], now: float) -> int:
         self._prefill = None
-        if self.needs_text:
-            body = RequestBody.completion(request.prompt)
-        else:
-            # Only the text's length is read: the text's own, or what building it would give.
-            known = request.text
-            length = len(known.encode()) if known is not None else vocab.text_length(len(request.tokens))
-            body = RequestBody(kind="completion", prefix_bytes=length)
-        # The client sends back what the last response of its session told it to (a session token).
-        headers = self._session_headers.get(request.session, {}) if request.session else {}
-        req = InferenceRequest(request.model, body, request.request_id, headers)
-        candidates = self._candidates(servers)
+        req = self.request(request)
         try:
-            result = self.config.scheduler.schedule(req, candidates)
-        except SchedulingError as e:
-            # Nothing fits (every endpoint filtered out): the service answers 429 or 503, and the
-            # request fails.
-            raise RefusedError(f"refused by the scheduler: {e}") from None
-        for hook in self.config.hooks.pre_request:
-            hook.pre_request(req, result)
+            result = self.path.decide(req, self._candidates(servers))
+        except RequestError as e:
+            # Nothing fits (every endpoint filtered out, or shed): the service answers 429 or 503,
+            # and the request fails.
+            raise RefusedError(f"refused by the scheduler: {e.message}") from None
         target = result.targets[0]
         self._requests[request.request_id] = (req, target)
-        # Disaggregated, as the service reads a decision: the prefill profile's target computes the
-        # prompt when that profile ran and is not the primary.
-        prefill = prefill_target(result, self.config.prefill_profile)
+        prefill = result.prefill
         if prefill is not None:
-            self._prefill = int(prefill.port) - 8000
-        return int(target.port) - 8000
+            self._prefill = self._servers[prefill.name]
+        return self._servers[target.name]
 
     def prefill_server(self, request: SimRequestSpec) -> int | None:
         return self._prefill

@@ -11,7 +11,6 @@ while scoring is left in the cycle state (`PrefixMatch`) for deciders such as
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -32,7 +31,6 @@ from epick.plugins.prefix.index import PrefixIndex
 from epick.plugins.registry import Handle, Parameters, PluginSpec
 
 TYPE = "prefix-cache-scorer"
-_REMEMBERED_REQUESTS = 1024  # hashes kept between scoring and PreRequest, per plugin
 
 
 class PrefixCacheParameters(Parameters):
@@ -91,7 +89,6 @@ class PrefixCacheScorer(NamedPlugin):
         self.block_bytes = block_bytes if block_bytes is not None else block_size_tokens * CHARS_PER_TOKEN
         self.max_blocks = max_prefix_blocks_to_match
         self.index = PrefixIndex(lru_capacity_per_server)
-        self._recent: OrderedDict[str, tuple[InferenceRequest, PrefixMatch]] = OrderedDict()
         # Requests scored, and blocks matched on the chosen endpoint, for a hit ratio.
         self.lookups = 0
         self.lookup_blocks = 0
@@ -106,32 +103,31 @@ class PrefixCacheScorer(NamedPlugin):
             cache_salt=request.body.cache_salt,
         )
 
-    def _match(self, request: InferenceRequest) -> PrefixMatch:
-        # Computed once per request: a scorer in two profiles, and PreRequest, reuse it.
-        recent = self._recent.get(request.request_id)
-        if recent is not None and recent[0] is request:
-            return recent[1]
-        hashes = self.hashes(request)
-        found = PrefixMatch(len(hashes), self.block_bytes, self.index.match(hashes), hashes)
-        self._recent[request.request_id] = (request, found)
-        if len(self._recent) > _REMEMBERED_REQUESTS:
-            self._recent.popitem(last=False)
+    def _match(self, request: InferenceRequest, cycle_state: CycleState) -> PrefixMatch:
+        # Computed once per scheduling call and left in its cycle state: a scorer in two profiles,
+        # and PreRequest, reuse it.
+        key = state_key(self)
+        found = cycle_state.read(key, PrefixMatch)
+        if found is None:
+            hashes = self.hashes(request)
+            found = PrefixMatch(len(hashes), self.block_bytes, self.index.match(hashes), hashes)
+            cycle_state.write(key, found)
         return found
 
     def score(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
     ) -> list[float]:
-        match = self._match(request)
-        cycle_state.write(state_key(self), match)
+        match = self._match(request, cycle_state)
         matched = match.matched
         if not matched:
             return [0.0] * len(endpoints)
         total = match.total_blocks
         return [matched.get(ep.name, 0) / total for ep in endpoints]
 
-    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
-        match = self._match(request)
-        self._recent.pop(request.request_id, None)
+    def pre_request(
+        self, request: InferenceRequest, result: SchedulingResult, cycle_state: CycleState
+    ) -> None:
+        match = self._match(request, cycle_state)
         if not match.hashes:
             return
         primary = result.profile_results.get(result.primary_profile)

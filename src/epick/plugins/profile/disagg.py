@@ -131,7 +131,7 @@ class DisaggProfileHandler(NamedPlugin):
         prefill = results.get(self.prefill_profile)
         if prefill is not None:
             merged[self.prefill_profile] = prefill
-        return SchedulingResult(merged, self.decode_profile)
+        return SchedulingResult(merged, self.decode_profile, prefill_profile=self.prefill_profile)
 
 
 def _factory(name: str, params: DisaggParameters, handle: Handle) -> DisaggProfileHandler:

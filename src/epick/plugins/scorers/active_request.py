@@ -98,7 +98,9 @@ class ActiveRequestScorer(NamedPlugin):
         top = max(counts.values())
         return [(top - counts.get(ep.name, 0.0)) / top for ep in endpoints]
 
-    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+    def pre_request(
+        self, request: InferenceRequest, result: SchedulingResult, cycle_state: CycleState
+    ) -> None:
         self.in_flight.add(request.request_id, first_targets(result))
 
     def response_complete(self, request: InferenceRequest, response: Response, endpoint: Endpoint) -> None:

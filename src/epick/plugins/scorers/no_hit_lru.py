@@ -13,16 +13,31 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pydantic import Field
 
-from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads, SchedulingResult
+from epick.framework import (
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    NamedPlugin,
+    Reads,
+    SchedulingResult,
+    state_key,
+)
 from epick.plugins.prefix.scorer import TYPE as PREFIX_TYPE
 from epick.plugins.prefix.scorer import find_prefix_match
 from epick.plugins.registry import Handle, Parameters, PluginSpec
 
 TYPE = "no-hit-lru-scorer"
-_REMEMBERED_REQUESTS = 1024  # cold flags kept between scoring and PreRequest
+
+
+@dataclass(frozen=True, slots=True)
+class _Scored:
+    """Left in the cycle state by `score` for PreRequest: whether the request was cold."""
+
+    cold: bool
 
 
 class NoHitLruParameters(Parameters):
@@ -47,16 +62,13 @@ class NoHitLruScorer(NamedPlugin):
         self.prefill_profile = prefill_profile
         self.lru_size = lru_size
         self._lru: OrderedDict[str, None] = OrderedDict()  # endpoint names, least recent first
-        self._cold: OrderedDict[str, bool] = OrderedDict()  # request id -> cold, until PreRequest
 
     def score(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
     ) -> list[float]:
         match = find_prefix_match(cycle_state, self.prefix_plugin_name)
         cold = match is None or not match.matched
-        self._cold[request.request_id] = cold
-        if len(self._cold) > _REMEMBERED_REQUESTS:
-            self._cold.popitem(last=False)
+        cycle_state.write(state_key(self), _Scored(cold))
         if not cold:
             return [0.5] * len(endpoints)
         n = len(endpoints)
@@ -76,8 +88,11 @@ class NoHitLruScorer(NamedPlugin):
             scores.append(max(0.0, 1.0 - rank / (n - 1)))
         return scores
 
-    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
-        if not self._cold.pop(request.request_id, False):
+    def pre_request(
+        self, request: InferenceRequest, result: SchedulingResult, cycle_state: CycleState
+    ) -> None:
+        scored = cycle_state.read(state_key(self), _Scored)
+        if scored is None or not scored.cold:  # warm, or not scored in this cycle
             return
         for profile in (result.primary_profile, self.prefill_profile):
             r = result.profile_results.get(profile)

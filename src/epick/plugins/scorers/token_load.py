@@ -59,7 +59,9 @@ class TokenLoadScorer(NamedPlugin):
         t = self.threshold
         return [1.0 - min(counts.get(ep.name, 0.0), t) / t for ep in endpoints]
 
-    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+    def pre_request(
+        self, request: InferenceRequest, result: SchedulingResult, cycle_state: CycleState
+    ) -> None:
         tokens = request.estimated_prompt_tokens + (request.body.max_tokens or 0)
         self.in_flight.add(request.request_id, first_targets(result), float(tokens))
 

@@ -1,0 +1,101 @@
+"""The one request path: admit → schedule → PreRequest, for a parsed request and its candidates.
+
+Both front ends (through the director) and the fleet simulator call `RequestPath.decide`, so a
+request is decided the same way wherever it comes from. It does no I/O and reads no clock but the
+one that times the scheduler for metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from epick.config import LoadedConfig
+from epick.framework import (
+    CycleState,
+    Endpoint,
+    EndpointsFilteredError,
+    InferenceRequest,
+    NoEndpointsError,
+    SchedulingError,
+    SchedulingResult,
+    Snapshot,
+)
+from epick.requestcontrol import errors
+from epick.requestcontrol.errors import RequestError
+
+log = logging.getLogger(__name__)
+
+
+class Observer:
+    """What the request path reports for metrics; the default records nothing."""
+
+    def scheduled(self, request: InferenceRequest, seconds: float) -> None:
+        pass
+
+    def request(self, model: str, target_model: str) -> None:
+        pass
+
+    def error(self, model: str, target_model: str, code: str) -> None:
+        pass
+
+
+class RequestPath:
+    """Decides requests with one config (swapped whole on reload: `config` is read per request)."""
+
+    def __init__(self, config: LoadedConfig, observer: Observer | None = None) -> None:
+        self.config = config
+        self.observer = observer or Observer()
+
+    def decide(
+        self, request: InferenceRequest, candidates: Snapshot | Sequence[Endpoint]
+    ) -> SchedulingResult:
+        """Admit `request`, schedule it on `candidates` and run the PreRequest hooks.
+
+        Raises `RequestError` with the status a client gets: 503 when there is no candidate or no
+        profile can serve, 429 when a sheddable request meets a saturated pool or every candidate is
+        filtered out. Flow control, when configured, will sit between admission and scheduling.
+        """
+        config = self.config
+        if not candidates:
+            raise errors.no_endpoints()
+        if request.priority < 0:
+            endpoints = candidates.endpoints if isinstance(candidates, Snapshot) else candidates
+            saturation = config.saturation_detector.pool_saturation(endpoints)
+            if saturation >= 1.0:
+                raise errors.shed(
+                    f"pool saturated ({saturation:.2f}); sheddable request (priority {request.priority})"
+                )
+        cycle_state = CycleState()
+        start = time.perf_counter()
+        try:
+            result = config.scheduler.schedule(request, candidates, cycle_state=cycle_state)
+        except NoEndpointsError as e:
+            raise errors.no_endpoints(str(e)) from None
+        except EndpointsFilteredError as e:
+            raise errors.shed(str(e)) from None
+        except SchedulingError as e:
+            raise RequestError(503, str(e), "scheduling_failed") from None
+        finally:
+            self.observer.scheduled(request, time.perf_counter() - start)
+        for hook in config.hooks.pre_request:
+            safely(hook.pre_request, request, result, cycle_state)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "scheduled %s model=%s profile=%s targets=%s",
+                request.request_id,
+                request.target_model,
+                result.primary_profile,
+                ",".join(ep.name for ep in result.targets),
+            )
+        return result
+
+
+def safely(fn: Callable[..., Any], *args: Any) -> None:
+    """A hook that raises is logged, never allowed to fail the request it observes."""
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("request-control hook %r failed", getattr(fn, "__self__", fn))
