@@ -1,4 +1,5 @@
-"""The framework stays pure: no HTTP, Kubernetes or asyncio, and nothing imports upward."""
+"""The framework stays pure: no HTTP, Kubernetes or asyncio, and nothing imports upward; the simulated
+server stands alone, and the fleet simulator uses the router only through its public API."""
 
 from __future__ import annotations
 
@@ -45,3 +46,41 @@ def test_nothing_imports_upward(layer: str) -> None:
             parts = module.split(".")
             if parts[0] == "epick" and len(parts) > 1:
                 assert parts[1] not in above, f"{path.relative_to(SRC)} imports {module} (a higher layer)"
+
+
+def epick_imports(path: Path) -> set[str]:
+    return {m for m in imports(path) if m == "epick" or m.startswith("epick.")}
+
+
+@pytest.mark.parametrize("path", sorted((SRC / "sim").rglob("*.py")), ids=lambda p: str(p.relative_to(SRC)))
+def test_the_simulated_server_stands_alone(path: Path) -> None:
+    """A vLLM-compatible server: it knows nothing of the router it is measured with."""
+    bad = {m for m in epick_imports(path) if not (m == "epick.sim" or m.startswith("epick.sim."))}
+    assert not bad, f"{path.relative_to(SRC)} imports {bad}"
+
+
+# The router's public API, as the fleet simulator may use it: the framework's types, configs, and the
+# request path that every front end runs.
+PUBLIC_API = {"epick.framework", "epick.config", "epick.requestcontrol.path", "epick.requestcontrol.errors"}
+
+
+@pytest.mark.parametrize(
+    "path", sorted((SRC / "simulate").rglob("*.py")), ids=lambda p: str(p.relative_to(SRC))
+)
+def test_the_fleet_simulator_uses_only_the_routers_public_api(path: Path) -> None:
+    allowed = ("epick.sim", "epick.simulate")
+    bad = {
+        m
+        for m in epick_imports(path)
+        if m not in PUBLIC_API and not any(m == a or m.startswith(a + ".") for a in allowed)
+    }
+    assert not bad, f"{path.relative_to(SRC)} imports {bad}"
+
+
+@pytest.mark.parametrize("layer", [layer for layer in LAYERS if layer != "cli"])
+def test_the_router_does_not_import_the_simulators(layer: str) -> None:
+    for path in (SRC / layer).rglob("*.py"):
+        for module in epick_imports(path):
+            assert module.split(".")[1:2] not in (["sim"], ["simulate"]), (
+                f"{path.relative_to(SRC)} imports {module}"
+            )

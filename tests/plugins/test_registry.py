@@ -42,3 +42,11 @@ plugins:
 """
     )
     assert str(config.plugins["by-label-selector"].typed_name) == "by-label-selector/label-selector-filter"
+
+
+def test_docs_plugins_names_every_in_tree_type_and_alias() -> None:
+    from pathlib import Path
+
+    docs = (Path(__file__).parents[2] / "docs" / "plugins.md").read_text()
+    names = [name for spec in in_tree_registry() for name in (spec.type, *spec.aliases)]
+    assert [name for name in names if f"`{name}`" not in docs] == []

@@ -392,3 +392,16 @@ def test_replace_config() -> None:
     d.decide(body(), {}, "completion")
     d.replace_config(load_config_text(FILTER_NOTHING, seed=SEED))
     assert refused(d, body()).status == 429
+
+
+def test_an_endpoint_that_leaves_is_forgotten_by_the_prefix_index() -> None:
+    d = director(make_store(0, 0))
+    prefix = next(p for p in d.config.plugins.values() if isinstance(p, PrefixCacheScorer))
+    chosen = d.decide(body(prompt="a long shared system prompt " * 20), {}, "completion").targets[0].name
+    assert chosen in prefix.index.endpoints()
+    d.datastore.remove(chosen)
+    assert chosen not in prefix.index.endpoints()
+    # The next decision runs on the endpoint that is left, with no stale match.
+    assert (
+        d.decide(body(prompt="a long shared system prompt " * 20), {}, "completion").targets[0].name != chosen
+    )

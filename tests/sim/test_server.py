@@ -885,3 +885,14 @@ async def test_stop_with_request_in_flight_returns_promptly(http: aiohttp.Client
     with contextlib.suppress(aiohttp.ClientError):  # a fixed stop() may cut the connection
         (await request).release()
     assert done, "stop() was still waiting after 1 s"
+
+
+def test_the_simulator_leaves_other_registries_as_they_are() -> None:
+    """Its /metrics drops `_created` series itself; other registries in the process keep theirs."""
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    import epick.sim.metrics  # noqa: F401 (imported for the check: importing it changes nothing)
+
+    registry = CollectorRegistry()
+    Counter("epick_test_things", "Things.", registry=registry).inc()
+    assert b"epick_test_things_created" in generate_latest(registry)

@@ -7,6 +7,7 @@ from epick.framework.cycle_state import CycleState
 from epick.framework.endpoint import ROLE_LABEL, Endpoint, Metrics
 from epick.framework.errors import EndpointsFilteredError, NoEndpointsError, SchedulingError
 from epick.framework.interfaces import (
+    EndpointRemoved,
     Filter,
     Picker,
     PluginTimer,
@@ -40,6 +41,7 @@ __all__ = [
     "ChatMessage",
     "CycleState",
     "Endpoint",
+    "EndpointRemoved",
     "EndpointsFilteredError",
     "Filter",
     "InferenceRequest",

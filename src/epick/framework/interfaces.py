@@ -9,6 +9,8 @@ Contracts the runtime relies on (and enforces where it cheaply can):
   whose targets are drawn from them, primary first.
 - A profile handler's `pick_profiles` is called again and again until it returns no profile; the profiles it
   returns run sequentially in the order returned, and later calls see their results.
+- `EndpointRemoved` is called when an endpoint leaves the pool, so a plugin that keeps state per
+  endpoint (a prefix index, an LRU) forgets it.
 - Request-control hooks run outside the scheduling call, after it, in the service's order:
   `PreRequest` once the decision is made, then `ResponseReceived` (headers), `ResponseStreaming`
   (each chunk) and `ResponseComplete` (end, success or failure).
@@ -117,3 +119,10 @@ class ResponseComplete(Plugin, Protocol):
     def response_complete(
         self, request: InferenceRequest, response: Response, endpoint: Endpoint
     ) -> None: ...
+
+
+@runtime_checkable
+class EndpointRemoved(Plugin, Protocol):
+    def endpoint_removed(self, name: str) -> None:
+        """The endpoint called `name` has left the pool (discovery removed it)."""
+        ...

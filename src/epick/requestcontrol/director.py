@@ -17,10 +17,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from epick.config import LoadedConfig
-from epick.datalayer.datastore import Datastore
+from epick.datalayer.datastore import Datastore, EndpointSpec
 from epick.framework import (
     BadRequestError,
     Endpoint,
+    EndpointRemoved,
     InferenceRequest,
     Response,
     SchedulingResult,
@@ -77,10 +78,18 @@ class Director:
         self.known_models = known_models
         self.observer = observer or Observer()
         self.path = RequestPath(config, self.observer)
+        datastore.subscribe(self._endpoint_changed)
 
     @property
     def config(self) -> LoadedConfig:
         return self.path.config
+
+    def _endpoint_changed(self, name: str, spec: EndpointSpec | None) -> None:
+        if spec is not None:
+            return
+        for plugin in self.config.plugins.values():
+            if isinstance(plugin, EndpointRemoved):
+                safely(plugin.endpoint_removed, name)
 
     def replace_config(self, config: LoadedConfig) -> None:
         """Swap in a new, fully built config (a bad one never gets here: loading raised first)."""

@@ -6,8 +6,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -83,10 +82,6 @@ LATENCY_BUCKETS = (
 )
 
 
-# vLLM's /metrics has no `_created` series; neither do ours.
-prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
-
-
 class _EngineState(Collector):
     """Gauges read from the engine at scrape time."""
 
@@ -134,11 +129,27 @@ class _EngineState(Collector):
         yield cache
 
 
+class _WithoutCreated(Collector):
+    """A registry's metrics without their `_created` series: vLLM's /metrics has none, so neither do
+    ours (filtered here, not switched off for the whole process, which would change every other
+    registry's output too)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.registry.collect():
+            metric.samples = [s for s in metric.samples if not s.name.endswith("_created")]
+            yield metric
+
+
 class ServerMetrics:
     def __init__(self, engine: Engine, model: str) -> None:
         self.model = model
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_EngineState(engine, model))
+        self._exposed = CollectorRegistry(auto_describe=False)
+        self._exposed.register(_WithoutCreated(self.registry))
         self.prefix_queries = self._counter("vllm:prefix_cache_queries", "Prefix-cache queries, in tokens.")
         self.prefix_hits = self._counter("vllm:prefix_cache_hits", "Prefix-cache hits, in tokens.")
         self.prompt_tokens = self._counter("vllm:prompt_tokens", "Prefill tokens processed.")
@@ -165,6 +176,10 @@ class ServerMetrics:
         return Histogram(name, doc, ["model_name"], buckets=buckets, registry=self.registry).labels(
             self.model
         )
+
+    def exposition(self) -> bytes:
+        """The /metrics page, in the Prometheus text format."""
+        return generate_latest(self._exposed)
 
     def success(self, finished_reason: str) -> None:
         self._success.labels(self.model, finished_reason).inc()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from epick.sim import errors, tokenizer
 from epick.sim.engine import Engine, RequestOutput, SimRequest, StepResult
@@ -187,9 +187,7 @@ class SimServer:
         return web.Response(status=200)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
+        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _models(self, request: web.Request) -> web.Response:
         created = int(time.time())

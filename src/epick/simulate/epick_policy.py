@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from epick.config import LoadedConfig
 from epick.framework import (
+    ROLE_LABEL,
     Endpoint,
     InferenceRequest,
     Metrics,
@@ -22,7 +23,6 @@ from epick.framework import (
     Snapshot,
     reads_of,
 )
-from epick.framework.endpoint import ROLE_LABEL
 from epick.requestcontrol.errors import RequestError
 from epick.requestcontrol.path import RequestPath
 from epick.simulate import vocab

@@ -139,6 +139,10 @@ class PrefixCacheScorer(NamedPlugin):
             if r is not None and r.targets:
                 self.index.add(r.targets[0].name, match.hashes)
 
+    def endpoint_removed(self, name: str) -> None:
+        """An endpoint that left holds no blocks: it leaves the index."""
+        self.index.remove_endpoint(name)
+
     @property
     def hit_ratio(self) -> float:
         """Share of prompt blocks found on the chosen endpoint, over all requests recorded."""

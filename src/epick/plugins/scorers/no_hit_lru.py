@@ -99,6 +99,9 @@ class NoHitLruScorer(NamedPlugin):
             if r is not None and r.targets:
                 self._used(r.targets[0].name)
 
+    def endpoint_removed(self, name: str) -> None:
+        self._lru.pop(name, None)
+
     def _used(self, name: str) -> None:
         self._lru.pop(name, None)
         self._lru[name] = None
