@@ -1,7 +1,8 @@
 """One async scraper per endpoint: GET /metrics every interval, parse, store; errors logged once per change.
 
 A failed or garbage scrape leaves the endpoint's last metrics in place with their old update time,
-so they go stale and the saturation detector treats the endpoint as saturated (DESIGN §5). After
+so they go stale and the saturation detector treats the endpoint as saturated (as the Go EPP's
+utilization detector counts a stale endpoint). After
 `unhealthy_after` failures in a row the endpoint leaves the scheduling candidates until a scrape
 succeeds again.
 """

@@ -1,4 +1,5 @@
-"""Errors a front end returns to the client, with the status DESIGN §6 gives each."""
+"""Errors a front end returns to the client, with the status the Go EPP gives each (GIE,
+docs/proposals/004-endpoint-picker-protocol/README.md), and an OpenAI-shaped JSON body."""
 
 from __future__ import annotations
 

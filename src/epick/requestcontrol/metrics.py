@@ -1,4 +1,5 @@
-"""epick's own Prometheus metrics, with the Go EPP's names (DESIGN §6)."""
+"""epick's own Prometheus metrics, with the Go EPP's names (kubernetes-sigs/gateway-api-inference-extension
+v1.x, site-src/guides/metrics-and-observability.md)."""
 
 from __future__ import annotations
 

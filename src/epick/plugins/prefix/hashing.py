@@ -6,8 +6,9 @@ xxhash64(model name ‖ NUL ‖ cache_salt); each block's hash is xxhash64 of th
 previous hash. The Go EPP appends the previous hash to the block instead; both make a block's hash
 depend on everything before it, and the seeded form is one call per block (40% faster here). The
 values differ from Go's, which nothing outside epick ever sees. The trailing partial block is hashed
-too (REFERENCE.md), so prompts shorter than one block still find the endpoint that served them; the
-Go EPP v1.x drops that block, which gives a short prompt no affinity at all.
+too (as the GIE's prefix-cache proposal describes it: docs/proposals/0602-prefix-cache-aware-routing-
+proposal/README.md), so prompts shorter than one block still find the endpoint that served them;
+the Go EPP v1.x drops that block, which gives a short prompt no affinity at all.
 """
 
 from __future__ import annotations
