@@ -21,16 +21,12 @@ from epick.cli.inputs import (
     read_history,
     read_json,
 )
-from epick.config import ConfigError, LoadedConfig, load_config_file, load_default_config
+from epick.config import ConfigError, load_config, load_config_file
 from epick.config.entrypoints import default_registry
 
 EXIT_OK = 0
 EXIT_SCHEDULING_FAILED = 1
 EXIT_BAD_INPUT = 2
-
-
-def _load(path: str | None, seed: int | None) -> LoadedConfig:
-    return load_default_config(seed=seed) if path is None else load_config_file(path, seed=seed)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -53,7 +49,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     try:
-        config = _load(args.config, args.seed)
+        config = load_config(args.config, seed=args.seed)
         endpoints = read_endpoints(args.endpoints)
         kind = kind_from_path(args.path)
         headers = parse_headers(args.header)

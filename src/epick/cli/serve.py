@@ -15,15 +15,15 @@ import uvloop
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from epick.config import ConfigError, LoadedConfig, load_config_file, load_default_config
+from epick.config import ConfigError, LoadedConfig, load_config
 from epick.datalayer.datastore import Datastore, EndpointSpec
 from epick.datalayer.discovery.kubernetes import KubernetesDiscovery
 from epick.datalayer.discovery.static import DiscoveryError, load_endpoints_file, parse_endpoints_flag
 from epick.datalayer.models import ModelCatalog
 from epick.datalayer.scraper import ScraperPool
 from epick.extproc.server import ExtProcOptions, ExtProcServer
+from epick.plugins.duration import parse_duration
 from epick.plugins.filters.utilization import UtilizationDetector
-from epick.plugins.registry import parse_duration
 from epick.proxy.server import Proxy, ProxyOptions
 from epick.requestcontrol.director import Director
 from epick.requestcontrol.metrics import EppMetrics
@@ -229,12 +229,7 @@ class Service:
             )
 
     def _load(self) -> LoadedConfig:
-        path = self.options.config_file
-        return (
-            load_default_config(seed=self.options.seed)
-            if path is None
-            else load_config_file(path, seed=self.options.seed)
-        )
+        return load_config(self.options.config_file, seed=self.options.seed)
 
     def _prepare(self, config: LoadedConfig) -> LoadedConfig:
         config.scheduler.timer = self.metrics

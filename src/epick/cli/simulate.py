@@ -18,8 +18,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from epick.config import ConfigError, load_config_file, load_config_text, load_default_config
-from epick.plugins.registry import parse_duration
+from epick.config import ConfigError, load_config, load_config_file, load_config_text
+from epick.plugins.duration import parse_duration
 from epick.sim.options import ServerOptions
 from epick.simulate.epick_policy import EpickPolicy
 from epick.simulate.fleet import Arrivals, ClosedLoop, Fleet, Poisson
@@ -144,8 +144,10 @@ def policy_factories(args: argparse.Namespace) -> list[tuple[str, PolicyFactory]
     for kind, value in args.policies:
         if kind == "policy":
             name = value
-            if name == "default" or name in CONFIG_POLICIES:
-                factory = _config_policy(name, CONFIG_POLICIES.get(name))
+            if name == "default":
+                factory = _file_policy(None, name)
+            elif name in CONFIG_POLICIES:
+                factory = _config_policy(name, CONFIG_POLICIES[name])
             elif name in POLICIES:
                 factory = _baseline_policy(POLICIES[name])
             else:
@@ -174,19 +176,18 @@ def _policy_names() -> list[str]:
     return ["default", *CONFIG_POLICIES, *POLICIES]
 
 
-def _config_policy(name: str, text: str | None) -> PolicyFactory:
+def _config_policy(name: str, text: str) -> PolicyFactory:
     def build(seed: int) -> Policy:
-        config = (
-            load_default_config(seed=seed) if text is None else load_config_text(text, source=name, seed=seed)
-        )
-        return EpickPolicy(name, config)
+        return EpickPolicy(name, load_config_text(text, source=name, seed=seed))
 
     return build
 
 
-def _file_policy(path: str, name: str) -> PolicyFactory:
+def _file_policy(path: str | None, name: str) -> PolicyFactory:
+    """The config file at `path`, or the default config when `path` is None."""
+
     def build(seed: int) -> Policy:
-        return EpickPolicy(name, load_config_file(path, seed=seed))
+        return EpickPolicy(name, load_config(path, seed=seed))
 
     return build
 

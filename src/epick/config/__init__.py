@@ -1,9 +1,9 @@
 """Loading `EndpointPickerConfig` files into a ready scheduler."""
 
 from epick.config.errors import ConfigError, ConfigIssue
+from epick.config.loaded import LoadedConfig, RequestHooks
 from epick.config.loader import (
-    LoadedConfig,
-    RequestHooks,
+    load_config,
     load_config_file,
     load_config_text,
     load_default_config,
@@ -14,6 +14,7 @@ __all__ = [
     "ConfigIssue",
     "LoadedConfig",
     "RequestHooks",
+    "load_config",
     "load_config_file",
     "load_config_text",
     "load_default_config",

@@ -2,25 +2,25 @@
 
 Two phases, as the Go EPP's loader: (1) parse, default and validate the document; (2) build the
 plugins and assemble profiles and handler. Every problem of a phase is collected before failing, each
-naming its path in the file and a fix; nothing half-built is ever returned.
+naming its path in the file and a fix; nothing half-built is ever returned. The result is a
+`LoadedConfig` (`epick.config.loaded`); `epick.config.issues` words the validation errors.
 """
 
 from __future__ import annotations
 
 import difflib
 import random
-import typing
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from epick.config.defaults import DEFAULT_CONFIG_YAML, DEFAULT_HANDLER, DEFAULT_PICKER, DEFAULT_PROFILE
 from epick.config.entrypoints import default_registry
 from epick.config.errors import ConfigError, ConfigIssue
+from epick.config.issues import _issue_from_pydantic, _params_hint
+from epick.config.loaded import LoadedConfig, RequestHooks
 from epick.config.schema import (
     IGNORED_SECTIONS,
     EndpointPickerConfigFile,
@@ -32,11 +32,7 @@ from epick.framework import (
     Filter,
     Picker,
     Plugin,
-    PreRequest,
     ProfileHandler,
-    ResponseComplete,
-    ResponseReceived,
-    ResponseStreaming,
     Scheduler,
     SchedulerProfile,
     Scorer,
@@ -49,49 +45,13 @@ from epick.plugins.profile.requirements import NeedsProfiles
 from epick.plugins.registry import ParameterError, Registry
 
 
-@dataclass(slots=True)
-class RequestHooks:
-    """The request-control hooks a config's plugins implement, in the order they were defined."""
-
-    pre_request: list[PreRequest] = field(default_factory=list)
-    response_received: list[ResponseReceived] = field(default_factory=list)
-    response_streaming: list[ResponseStreaming] = field(default_factory=list)
-    response_complete: list[ResponseComplete] = field(default_factory=list)
-
-    @classmethod
-    def from_plugins(cls, plugins: Sequence[Plugin]) -> RequestHooks:
-        hooks = cls()
-        for p in plugins:
-            if isinstance(p, PreRequest):
-                hooks.pre_request.append(p)
-            if isinstance(p, ResponseReceived):
-                hooks.response_received.append(p)
-            if isinstance(p, ResponseStreaming):
-                hooks.response_streaming.append(p)
-            if isinstance(p, ResponseComplete):
-                hooks.response_complete.append(p)
-        return hooks
-
-
-@dataclass(slots=True)
-class LoadedConfig:
-    source: str
-    scheduler: Scheduler
-    plugins: dict[str, Plugin]
-    hooks: RequestHooks
-    saturation_detector: UtilizationDetector
-    warnings: list[str]
-
-    def summary(self) -> list[str]:
-        """One line per profile, then the handler: what `epick check-config` prints."""
-        lines = []
-        for profile in self.scheduler.profiles.values():
-            filters = ", ".join(str(f.typed_name) for f in profile.filters) or "none"
-            scorers = ", ".join(f"{s.scorer.typed_name}×{s.weight:g}" for s in profile.scorers) or "none"
-            picker = profile.picker.typed_name
-            lines.append(f"profile {profile.name}: filters [{filters}]; scorers [{scorers}]; picker {picker}")
-        lines.append(f"profile handler: {self.scheduler.handler.typed_name}")
-        return lines
+def load_config(
+    path: str | Path | None, *, seed: int | None = None, registry: Registry | None = None
+) -> LoadedConfig:
+    """The config file at `path`, or the built-in default config when `path` is None."""
+    if path is None:
+        return load_default_config(registry=registry, seed=seed)
+    return load_config_file(path, registry=registry, seed=seed)
 
 
 def load_config_file(
@@ -158,64 +118,6 @@ def _parse(text: str, source: str) -> EndpointPickerConfigFile:
         raise ConfigError(
             source, [_issue_from_pydantic(err, EndpointPickerConfigFile) for err in e.errors()]
         ) from None
-
-
-def _render_loc(loc: Sequence[int | str]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
-def _model_at(root: type[BaseModel], loc: Sequence[int | str]) -> type[BaseModel] | None:
-    """The model that validates the mapping at `loc` (field names by alias), for listing its fields."""
-    model: type[BaseModel] | None = root
-    for part in loc:
-        if isinstance(part, int) or model is None:
-            continue
-        field = next((f for n, f in model.model_fields.items() if part in (f.alias or n, n)), None)
-        model = _nested_model(field.annotation) if field is not None else None
-    return model
-
-
-def _nested_model(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _nested_model(arg)
-        if found is not None:
-            return found
-    return None
-
-
-def _field_names(model: type[BaseModel]) -> list[str]:
-    return [f.alias or name for name, f in model.model_fields.items()]
-
-
-def _issue_from_pydantic(err: Any, root: type[BaseModel], prefix: str = "") -> ConfigIssue:
-    loc = list(err.get("loc", ()))
-    path = _render_loc(loc)
-    if prefix:
-        path = f"{prefix}.{path}" if path else prefix
-    kind = err.get("type", "")
-    if kind == "extra_forbidden":
-        model = _model_at(root, loc[:-1])
-        allowed = _field_names(model) if model else []
-        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-        fix = f"did you mean '{close[0]}'?" if close else "remove it"
-        if allowed:
-            fix += f" (allowed here: {', '.join(allowed)})"
-        return ConfigIssue(path, f"unknown field '{loc[-1]}'", fix)
-    if kind == "missing":
-        return ConfigIssue(path, f"required field '{loc[-1]}' is missing", f"add '{loc[-1]}'")
-    if kind == "literal_error":
-        expected = err.get("ctx", {}).get("expected", "")
-        return ConfigIssue(path, f"{err.get('input')!r} is not allowed here", f"use {expected}")
-    msg = err.get("msg", "invalid value")
-    return ConfigIssue(path, f"{msg} (got {err.get('input')!r})", "correct the value")
 
 
 class _DependencyFailedError(Exception):
@@ -610,8 +512,3 @@ class _Builder:
         if detectors:
             return detectors[0][1]
         return UtilizationDetector("saturation-detector")
-
-
-def _params_hint(model: type[BaseModel]) -> str:
-    names = _field_names(model)
-    return f"; parameters of this type: {', '.join(names)}" if names else "; this type takes no parameters"

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import builtins
 import random
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, Protocol
+from typing import Any, Protocol
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
 from epick.framework import Plugin
@@ -106,35 +105,3 @@ class Registry:
     def __iter__(self) -> Iterator[PluginSpec]:
         """Each type once."""
         return iter(self._specs.values())
-
-
-_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-
-
-def parse_duration(value: object) -> float:
-    """Seconds from a Go duration string ("200ms", "1m30s") or a number of seconds."""
-    if isinstance(value, bool):
-        raise ValueError("a duration is a string like '200ms' or a number of seconds")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str):
-        text = value.strip()
-        pos = 0
-        seconds = 0.0
-        for m in _DURATION_RE.finditer(text):
-            if m.start() != pos:
-                break
-            seconds += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
-            pos = m.end()
-        if not text or pos != len(text):
-            raise ValueError(f"{value!r} is not a duration (write it like '200ms', '2s' or '1m30s')")
-    else:
-        raise ValueError("a duration is a string like '200ms' or a number of seconds")
-    if seconds < 0:
-        raise ValueError("a duration cannot be negative")
-    return seconds
-
-
-# A duration parameter: accepts Go duration strings or seconds, holds seconds.
-Duration = Annotated[float, BeforeValidator(parse_duration)]

@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 from pydantic import Field
 
 from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads
-from epick.plugins.registry import Duration, Handle, Parameters, PluginSpec
+from epick.plugins.duration import Duration
+from epick.plugins.registry import Handle, Parameters, PluginSpec
 
 TYPE = "utilization-detector"
 

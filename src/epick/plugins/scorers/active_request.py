@@ -21,7 +21,8 @@ from epick.framework import (
     Response,
     SchedulingResult,
 )
-from epick.plugins.registry import Duration, Handle, Parameters, PluginSpec
+from epick.plugins.duration import Duration
+from epick.plugins.registry import Handle, Parameters, PluginSpec
 
 TYPE = "active-request-scorer"
 

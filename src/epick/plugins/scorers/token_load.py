@@ -25,7 +25,8 @@ from epick.framework import (
     Response,
     SchedulingResult,
 )
-from epick.plugins.registry import Duration, Handle, Parameters, PluginSpec
+from epick.plugins.duration import Duration
+from epick.plugins.registry import Handle, Parameters, PluginSpec
 from epick.plugins.scorers.active_request import InFlight, first_targets
 
 TYPE = "token-load-scorer"

@@ -1,0 +1,62 @@
+"""A loaded config: the scheduler, the plugins by name, their request-control hooks and the
+saturation detector, as `epick.config.loader` builds them from an `EndpointPickerConfig`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from epick.framework import (
+    Plugin,
+    PreRequest,
+    ResponseComplete,
+    ResponseReceived,
+    ResponseStreaming,
+    Scheduler,
+)
+from epick.plugins.filters.utilization import UtilizationDetector
+
+
+@dataclass(slots=True)
+class RequestHooks:
+    """The request-control hooks a config's plugins implement, in the order they were defined."""
+
+    pre_request: list[PreRequest] = field(default_factory=list)
+    response_received: list[ResponseReceived] = field(default_factory=list)
+    response_streaming: list[ResponseStreaming] = field(default_factory=list)
+    response_complete: list[ResponseComplete] = field(default_factory=list)
+
+    @classmethod
+    def from_plugins(cls, plugins: Sequence[Plugin]) -> RequestHooks:
+        hooks = cls()
+        for p in plugins:
+            if isinstance(p, PreRequest):
+                hooks.pre_request.append(p)
+            if isinstance(p, ResponseReceived):
+                hooks.response_received.append(p)
+            if isinstance(p, ResponseStreaming):
+                hooks.response_streaming.append(p)
+            if isinstance(p, ResponseComplete):
+                hooks.response_complete.append(p)
+        return hooks
+
+
+@dataclass(slots=True)
+class LoadedConfig:
+    source: str
+    scheduler: Scheduler
+    plugins: dict[str, Plugin]
+    hooks: RequestHooks
+    saturation_detector: UtilizationDetector
+    warnings: list[str]
+
+    def summary(self) -> list[str]:
+        """One line per profile, then the handler: what `epick check-config` prints."""
+        lines = []
+        for profile in self.scheduler.profiles.values():
+            filters = ", ".join(str(f.typed_name) for f in profile.filters) or "none"
+            scorers = ", ".join(f"{s.scorer.typed_name}×{s.weight:g}" for s in profile.scorers) or "none"
+            picker = profile.picker.typed_name
+            lines.append(f"profile {profile.name}: filters [{filters}]; scorers [{scorers}]; picker {picker}")
+        lines.append(f"profile handler: {self.scheduler.handler.typed_name}")
+        return lines
