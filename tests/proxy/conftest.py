@@ -127,8 +127,10 @@ class FakeModelServer:
             error = {"error": {"message": "slow down", "type": "rate_limit_error", "code": None}}
             return web.json_response(error, status=429, headers={"Retry-After": "7", "x-fake": self.mode})
         if self.mode in ("echo", "gzip"):
+            # Connection names x-hop as hop-by-hop: a proxy must not pass it on.
+            extra = {"x-fake": self.mode, "Connection": "x-hop", "x-hop": "1"}
             answer = web.json_response(
-                {"headers": dict(request.headers), "body": json.loads(body)}, headers={"x-fake": self.mode}
+                {"headers": dict(request.headers), "body": json.loads(body)}, headers=extra
             )
             if self.mode == "gzip":
                 answer.enable_compression()  # as a server behind GZip middleware does
@@ -173,8 +175,11 @@ async def make_service() -> AsyncIterator[MakeService]:
         endpoints: list[str], config: LoadedConfig | None = None, *, wait: bool = True, **kw: Any
     ) -> Service:
         proxy_fields = {
-            k: kw.pop(k) for k in ("max_body_bytes", "connect_timeout", "read_timeout") if k in kw
+            k: kw.pop(k)
+            for k in ("max_body_bytes", "connect_timeout", "read_timeout", "expose_endpoint")
+            if k in kw
         }
+        proxy_fields.setdefault("expose_endpoint", True)  # tests check where a request went
         kw.setdefault("refresh_metrics_interval", 0.02)
         options = ServeOptions(
             endpoints=tuple(endpoint(e) for e in endpoints),

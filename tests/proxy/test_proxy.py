@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -225,15 +226,23 @@ async def test_openai_client_sees_typed_errors(
         await client.completions.create(model=MODEL, prompt="hi", max_tokens=10_000_000)
 
 
-async def test_model_rewrite_header(
-    make_sim: MakeSim, make_service: MakeService, make_client: MakeClient
+async def test_model_rewrites_come_from_the_rewrites_file_never_from_a_header(
+    make_sim: MakeSim, make_service: MakeService, make_client: MakeClient, tmp_path: Path
 ) -> None:
     sim = await make_sim()
-    client = make_client(await make_service([f"127.0.0.1:{sim.port}"]))
-    completion = await client.completions.create(
-        model="my-alias", prompt="hi", max_tokens=2, extra_headers={"x-gateway-model-name-rewrite": MODEL}
+    rewrites = tmp_path / "rewrites.yaml"
+    rewrites.write_text(
+        "apiVersion: llm-d.ai/v1alpha2\nkind: InferenceModelRewrite\nmetadata: {name: alias}\n"
+        f"spec:\n  poolRef: {{name: epick}}\n  rules:\n  - matches: [{{model: {{value: my-alias}}}}]\n"
+        f"    targets: [{{modelRewrite: {MODEL}}}]\n"
     )
+    client = make_client(await make_service([f"127.0.0.1:{sim.port}"], model_rewrites_file=str(rewrites)))
+    completion = await client.completions.create(model="my-alias", prompt="hi", max_tokens=2)
     assert completion.model == MODEL
+    with pytest.raises(openai.NotFoundError, match="'gpt-4' is not served"):
+        await client.completions.create(
+            model="gpt-4", prompt="hi", max_tokens=2, extra_headers={"x-gateway-model-name-rewrite": MODEL}
+        )
 
 
 async def test_control_headers_are_not_forwarded(
@@ -245,18 +254,23 @@ async def test_control_headers_are_not_forwarded(
         "x-gateway-destination-endpoint": "10.9.9.9:80",
         "x-gateway-inference-objective": "batch",
         "x-gateway-inference-fairness-id": "tenant-a",
-        "x-gateway-model-name-rewrite": "base-model",
+        "x-gateway-model-name-rewrite": "other-model",
+        "x-prefiller-host-port": "10.9.9.9:80",  # a client must not point decode at a host
+        "Connection": "x-dropped",  # names a hop-by-hop header
+        "x-dropped": "1",
         "x-request-id": "req-42",
         "Authorization": "Bearer secret",
         "x-custom": "kept",
     }
-    payload = {"model": "alias", "prompt": "hi", "max_tokens": 3}
+    payload = {"model": "base-model", "prompt": "hi", "max_tokens": 3}
     async with http.post(proxy_url(service) + "/v1/completions", json=payload, headers=headers) as r:
         assert r.status == 200 and r.headers["x-fake"] == "echo"
         assert r.headers[ENDPOINT_HEADER] == fake.name
         echo = await r.json()
     seen = {k.lower(): v for k, v in echo["headers"].items()}
     assert not any(k.startswith("x-gateway-") for k in seen)
+    assert "x-prefiller-host-port" not in seen and "x-dropped" not in seen
+    assert "x-hop" not in r.headers  # the model server's Connection-named header stops here too
     assert seen["x-request-id"] == "req-42"
     assert seen["authorization"] == "Bearer secret" and seen["x-custom"] == "kept"
     assert int(seen["content-length"]) == len(fake.requests[0][1])
@@ -509,3 +523,38 @@ async def test_rate_limit_answer_keeps_retry_after(
         assert r.headers["x-fake"] == "ratelimit"
         assert (await r.json())["error"]["message"] == "slow down"
         assert r.headers.get("Retry-After") == "7"
+
+
+async def test_the_internal_endpoint_is_not_announced_unless_asked(
+    make_sim: MakeSim, make_service: MakeService, http: aiohttp.ClientSession
+) -> None:
+    sim = await make_sim()
+    dead = f"127.0.0.1:{free_port()}"
+    service = await make_service([f"127.0.0.1:{sim.port}"], expose_endpoint=False)
+    payload = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+    async with http.post(proxy_url(service) + "/v1/completions", json=payload) as r:
+        assert r.status == 200 and ENDPOINT_HEADER not in r.headers
+    # Every endpoint refuses connections: the error names no address.
+    lonely = await make_service([dead], expose_endpoint=False, wait=False)
+    async with http.post(proxy_url(lonely) + "/v1/completions", json=payload) as r:
+        text = await r.text()
+    assert r.status >= 500 and "127.0.0.1" not in text and str(dead.rpartition(":")[2]) not in text
+    assert json.loads(text)["error"]["code"] in {"upstream_failed", "no_endpoints", "model_not_found"}
+
+
+async def test_a_bad_rewrites_file_on_reload_keeps_the_running_rewrites(
+    make_sim: MakeSim, make_service: MakeService, make_client: MakeClient, tmp_path: Path
+) -> None:
+    sim = await make_sim()
+    rewrites = tmp_path / "rewrites.yaml"
+    good = (
+        "apiVersion: llm-d.ai/v1alpha2\nkind: InferenceModelRewrite\nmetadata: {name: alias}\n"
+        f"spec: {{poolRef: {{name: epick}}, rules: [{{targets: [{{modelRewrite: {MODEL}}}]}}]}}\n"
+    )
+    rewrites.write_text(good)
+    service = await make_service([f"127.0.0.1:{sim.port}"], model_rewrites_file=str(rewrites))
+    client = make_client(service)
+    assert (await client.completions.create(model="anything", prompt="hi", max_tokens=1)).model == MODEL
+    rewrites.write_text(good.replace("targets: [", "targets: [{modelRewrite: x, weight: 0}, "))
+    assert service.reload() is False
+    assert (await client.completions.create(model="anything", prompt="hi", max_tokens=1)).model == MODEL

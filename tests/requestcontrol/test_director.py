@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 
 from epick.config import LoadedConfig, load_config_text, load_default_config
 from epick.datalayer.datastore import Datastore, EndpointSpec
+from epick.datalayer.rewrites import ModelRewrites, parse_rewrite
 from epick.framework import (
     CycleState,
     Endpoint,
@@ -26,6 +28,7 @@ from epick.requestcontrol.director import (
     FAIRNESS_HEADER,
     MODEL_REWRITE_HEADER,
     OBJECTIVE_HEADER,
+    PREFILL_HEADER,
     Director,
 )
 from epick.requestcontrol.errors import RequestError
@@ -132,18 +135,58 @@ def test_kind_from_path_or_body() -> None:
 # Headers.
 
 
-def test_model_rewrite_header_rewrites_the_forwarded_body() -> None:
-    d = director()
+def rewrites(*rules: tuple[list[str], list[tuple[str, int]]], seed: int = 0) -> ModelRewrites:
+    """One InferenceModelRewrite of these rules: (models matched, [(target model, weight)])."""
+    resource = {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+        "kind": "InferenceModelRewrite",
+        "metadata": {"name": "r"},
+        "spec": {
+            "poolRef": {"name": "pool"},
+            "rules": [
+                {
+                    "matches": [{"model": {"value": m}} for m in models],
+                    "targets": [{"modelRewrite": t, "weight": w} for t, w in targets],
+                }
+                for models, targets in rules
+            ],
+        },
+    }
+    return ModelRewrites((parse_rewrite(resource),), random.Random(seed))
+
+
+def test_a_configured_rewrite_rewrites_the_forwarded_body() -> None:
+    d = director(rewrites=rewrites((["alias"], [("meta-llama/Llama-3.1-8B", 1)])))
     original = body(model="alias", max_tokens=12, stream=True, temperature=0.5, user="u1")
-    decision = d.decide(original, {"X-Gateway-Model-Name-Rewrite": "meta-llama/Llama-3.1-8B"}, "completion")
-    assert decision.request.target_model == "meta-llama/Llama-3.1-8B"
+    decision = d.decide(original, {}, "completion")
+    assert decision.request.target_model == "meta-llama/Llama-3.1-8B" and decision.client_model == "alias"
     forwarded = json.loads(decision.body)
     assert forwarded == {**json.loads(original), "model": "meta-llama/Llama-3.1-8B"}
     assert decision.request.body.stream and decision.request.body.max_tokens == 12
     assert decision.request.size == len(decision.body)
-    # Without the header the client's bytes go through untouched.
-    assert d.decide(original, {}, "completion").body is original
-    assert d.decide(original, {MODEL_REWRITE_HEADER: ""}, "completion").body is original
+    # A model no rule names goes through untouched, bytes and all.
+    other = body(model="m")
+    assert d.decide(other, {}, "completion").body is other
+
+
+def test_a_clients_rewrite_header_is_ignored_and_hidden_from_plugins() -> None:
+    d = director()
+    original = body(model="m")
+    headers = {
+        MODEL_REWRITE_HEADER: "gpt-4",
+        PREFILL_HEADER: "10.9.9.9:80",
+        DESTINATION_HEADER: "10.9.9.9:80",
+    }
+    decision = d.decide(original, headers, "completion")
+    assert decision.body is original and decision.request.target_model == "m"
+    assert not set(decision.request.headers) & {MODEL_REWRITE_HEADER, PREFILL_HEADER, DESTINATION_HEADER}
+
+
+def test_a_weighted_split_follows_its_weights() -> None:
+    d = director(rewrites=rewrites((["llama"], [("v1", 3), ("v2", 1)]), seed=4))
+    sent = [d.decide(body(model="llama"), {}, "completion").request.target_model for _ in range(400)]
+    assert set(sent) == {"v1", "v2"}
+    assert 0.68 < sent.count("v1") / len(sent) < 0.82  # 3:1, and 400 draws
 
 
 def test_client_destination_header_is_dropped() -> None:
@@ -263,8 +306,9 @@ def test_unknown_model_is_404_when_models_are_known() -> None:
     assert json.loads(e.body())["error"]["type"] == "not_found_error"
     assert d.decide(body(model="sql-lora"), {}, "completion").request.target_model == "sql-lora"
     # The model checked is the one after a rewrite.
-    assert d.decide(body(model="gpt-4"), {MODEL_REWRITE_HEADER: "m"}, "completion").targets
-    assert refused(d, body(model="m"), {MODEL_REWRITE_HEADER: "gpt-4"}).status == 404
+    d.rewrites = rewrites((["gpt-4"], [("m", 1)]), (["m"], [("gpt-5", 1)]))
+    assert d.decide(body(model="gpt-4"), {}, "completion").targets
+    assert refused(d, body(model="m")).status == 404
 
 
 def test_model_check_is_skipped_while_no_model_is_known() -> None:

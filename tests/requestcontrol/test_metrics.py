@@ -12,9 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from epick.config import LoadedConfig, load_config_text, load_default_config
 from epick.datalayer.datastore import Datastore, EndpointSpec
 from epick.framework import Metrics
-from epick.requestcontrol.director import MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, Director
+from epick.requestcontrol.director import OBJECTIVE_HEADER, Director
 from epick.requestcontrol.errors import RequestError
 from epick.requestcontrol.metrics import EppMetrics
+from tests.requestcontrol.test_director import rewrites
 
 POOL = "test-pool"
 
@@ -148,7 +149,8 @@ def test_error_counter_by_code() -> None:
 
 def test_rewrite_counts_the_incoming_and_target_model() -> None:
     d, metrics, _ = setup()
-    d.decide(body("alias"), {MODEL_REWRITE_HEADER: "base"}, "completion")
+    d.rewrites = rewrites((["alias"], [("base", 1)]))
+    d.decide(body("alias"), {}, "completion")
     s = Scrape(metrics)
     assert s.value("inference_objective_request_total", model_name="alias", target_model_name="base") == 1
 

@@ -7,11 +7,13 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import signal
 import sys
 from dataclasses import dataclass, field
 
 import uvloop
+import yaml
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -20,6 +22,7 @@ from epick.datalayer.datastore import Datastore, EndpointSpec
 from epick.datalayer.discovery.kubernetes import KubernetesDiscovery
 from epick.datalayer.discovery.static import DiscoveryError, load_endpoints_file, parse_endpoints_flag
 from epick.datalayer.models import ModelCatalog
+from epick.datalayer.rewrites import ModelRewrites, RewriteError, for_pool, parse_rewrites
 from epick.datalayer.scraper import ScraperPool
 from epick.extproc.server import ExtProcOptions, ExtProcServer
 from epick.plugins.duration import parse_duration
@@ -56,6 +59,10 @@ class ServeOptions:
     seed: int | None = None
     # Both front ends refuse larger request bodies with 413; None: the proxy's limit (or its default).
     max_body_bytes: int | None = None
+    # InferenceModelRewrite resources (YAML); those whose poolRef names another pool are skipped when
+    # a pool name was given.
+    model_rewrites_file: str | None = None
+    rewrites_pool: str | None = None
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -111,6 +118,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="NAME=PRIORITY",
         help="priority of an objective named by x-gateway-inference-objective (repeatable)",
     )
+    p.add_argument(
+        "--model-rewrites",
+        metavar="FILE",
+        help="InferenceModelRewrite resources (YAML): model renames and weighted splits (reloaded on SIGHUP)",
+    )
+    p.add_argument(
+        "--expose-endpoint",
+        action="store_true",
+        help="proxy: name the serving endpoint (x-epick-endpoint) and failed ones in error bodies",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
 
@@ -165,6 +182,7 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
                 connect_timeout=parse_duration(args.connect_timeout),
                 read_timeout=parse_duration(args.read_timeout),
                 max_body_bytes=args.max_body_bytes,
+                expose_endpoint=args.expose_endpoint,
             ),
             extproc=None
             if args.no_extproc
@@ -182,6 +200,8 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
             objectives=tuple(objectives),
             pool_name=args.pool_name or "epick",
             max_body_bytes=args.max_body_bytes,
+            model_rewrites_file=args.model_rewrites,
+            rewrites_pool=args.pool_name,
         )
     except (DiscoveryError, ValueError) as e:
         raise SystemExit(f"epick serve: {e}") from None
@@ -206,6 +226,7 @@ class Service:
             objectives=dict(options.objectives),
             known_models=self.catalog.known,
             observer=self.metrics,
+            rewrites=self._load_rewrites(),
         )
         self.proxy = (
             Proxy(
@@ -231,6 +252,22 @@ class Service:
     def _load(self) -> LoadedConfig:
         return load_config(self.options.config_file, seed=self.options.seed)
 
+    def _load_rewrites(self) -> ModelRewrites:
+        """The rewrites file's resources for this pool; raises `RewriteError` naming what is wrong."""
+        path = self.options.model_rewrites_file
+        if path is None:
+            return ModelRewrites()
+        try:
+            with open(path, encoding="utf-8") as f:
+                documents = list(yaml.safe_load_all(f))
+        except (OSError, yaml.YAMLError) as e:
+            raise RewriteError(f"{path}: cannot read model rewrites: {e}") from None
+        found = parse_rewrites(documents, path)
+        kept = for_pool(found, self.options.rewrites_pool)
+        for skipped in sorted({r.name for r in found} - {r.name for r in kept}):
+            log.warning("%s: %s %r names another pool; skipped", path, "InferenceModelRewrite", skipped)
+        return ModelRewrites(tuple(kept), random.Random(self.options.seed))
+
     def _prepare(self, config: LoadedConfig) -> LoadedConfig:
         config.scheduler.timer = self.metrics
         staleness = self.options.metrics_staleness_threshold
@@ -245,14 +282,20 @@ class Service:
         return config
 
     def reload(self) -> bool:
-        """Load the config file again; on any error keep the running config and log why."""
+        """Load the config file and the model rewrites again; on any error keep the running ones (both)
+        and log why."""
         try:
             fresh = self._load()
+            rewrites = self._load_rewrites()
         except ConfigError as e:
             for issue in e.issues:
                 log.error("config reload refused, keeping the running config: %s", issue.render(e.source))
             return False
+        except RewriteError as e:
+            log.error("reload refused, keeping the running config and rewrites: %s", e)
+            return False
         self.director.replace_config(self._prepare(fresh))
+        self.director.rewrites = rewrites
         log.info("config reloaded from %s", self.options.config_file or "<default config>")
         return True
 
@@ -325,7 +368,7 @@ def run(args: argparse.Namespace) -> int:
         for issue in e.issues:
             print(issue.render(e.source), file=sys.stderr)
         return 2
-    except DiscoveryError as e:
+    except (DiscoveryError, RewriteError) as e:
         print(f"epick serve: {e}", file=sys.stderr)
         return 2
     except OSError as e:

@@ -15,7 +15,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -29,6 +29,7 @@ from epick.requestcontrol.director import (
     CONTROL_HEADERS,
     PREFILL_HEADER,
     REQUEST_ID_HEADER,
+    UNTRUSTED_HEADERS,
     Decision,
     Director,
 )
@@ -37,10 +38,22 @@ from epick.requestcontrol.errors import RequestError
 log = logging.getLogger(__name__)
 
 ENDPOINT_HEADER = "x-epick-endpoint"
+# Hop-by-hop headers (RFC 9110 section 7.6.1) and those the relay sets itself (host, length); the
+# headers a message's own `Connection` names are hop-by-hop too (`_dropped`).
 _HOP_BY_HOP = frozenset(
-    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-     "transfer-encoding", "upgrade", "host", "content-length"}
+    {"connection", "proxy-connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+     "trailer", "transfer-encoding", "upgrade", "host", "content-length"}
 )  # fmt: skip
+_NOT_FORWARDED = _HOP_BY_HOP | CONTROL_HEADERS | UNTRUSTED_HEADERS
+_NOT_RETURNED = _HOP_BY_HOP | CONTROL_HEADERS | UNTRUSTED_HEADERS | {ENDPOINT_HEADER}
+
+
+def _dropped(headers: Mapping[str, str], always: frozenset[str]) -> frozenset[str]:
+    """`always`, plus the headers this message's `Connection` header names (lower-case)."""
+    named = headers.get("connection") or headers.get("Connection")
+    if not named:
+        return always
+    return always | {token.strip().lower() for token in named.split(",") if token.strip()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +63,9 @@ class ProxyOptions:
     connect_timeout: float = 5.0
     read_timeout: float = 600.0  # longest silence between two chunks of a response
     max_body_bytes: int = 16 * 1024 * 1024
+    # Name the endpoint that served a response (header x-epick-endpoint) and failed ones in error
+    # bodies; off, clients learn nothing of the pool's internal addresses.
+    expose_endpoint: bool = False
 
 
 class _AttemptFailedError(Exception):
@@ -151,15 +167,19 @@ class Proxy:
                 targets = list(result.targets)
         if last.body:
             return web.Response(status=last.status, body=last.body, content_type="application/json")
+        detail = (
+            f": {last}" if self.options.expose_endpoint else f" ({len(tried)} tried; epick's log has why)"
+        )
         return _error(
-            RequestError(last.status, f"no endpoint could serve the request: {last}", "upstream_failed")
+            RequestError(last.status, f"no endpoint could serve the request{detail}", "upstream_failed")
         )
 
     async def _forward(
         self, http: web.Request, d: Decision, endpoint: Endpoint, path: str
     ) -> web.StreamResponse:
         assert self._session is not None
-        headers = {k: v for k, v in http.headers.items() if k.lower() not in _HOP_BY_HOP | CONTROL_HEADERS}
+        dropped = _dropped(http.headers, _NOT_FORWARDED)
+        headers = {k: v for k, v in http.headers.items() if k.lower() not in dropped}
         headers[REQUEST_ID_HEADER] = d.request.request_id
         prefill = d.prefill
         if prefill is not None:
@@ -214,12 +234,13 @@ class Proxy:
         out: web.StreamResponse,
     ) -> None:
         # Everything the model server said, but hop-by-hop headers and the length (the relay decides it).
+        dropped = _dropped(upstream.headers, _NOT_RETURNED)
         for key, value in upstream.headers.items():
-            lower = key.lower()
-            if lower not in _HOP_BY_HOP and lower not in CONTROL_HEADERS:
+            if key.lower() not in dropped:
                 out.headers.add(key, value)
         out.headers.update(response.add_headers)
-        out.headers[ENDPOINT_HEADER] = endpoint.name
+        if self.options.expose_endpoint:
+            out.headers[ENDPOINT_HEADER] = endpoint.name
 
     async def _relay(
         self,
@@ -248,12 +269,8 @@ class Proxy:
             log.warning(
                 "response from %s broke after %.2fs: %s", endpoint.name, time.monotonic() - started, e
             )
-            event = {
-                "error": {
-                    "message": f"upstream {endpoint.name} failed mid-response",
-                    "type": "upstream_error",
-                }
-            }
+            which = f"upstream {endpoint.name}" if self.options.expose_endpoint else "the model server"
+            event = {"error": {"message": f"{which} failed mid-response", "type": "upstream_error"}}
             try:
                 await out.write(b"data: " + json.dumps(event).encode() + b"\n\n")
                 await out.write_eof()

@@ -1,7 +1,8 @@
 """The director: everything between a request's bytes and the endpoint it goes to, and its response hooks.
 
 1. parse the body (JSON, completions or chat, `model`, `stream`, `cache_salt`) and apply the
-   `x-gateway-model-name-rewrite` header; 2. refuse a model no endpoint serves; 3. the request path
+   configured model rewrites (InferenceModelRewrite; a client's rewrite header is ignored);
+   2. refuse a model no endpoint serves; 3. the request path
    (path.py) on the datastore's snapshot: admit (a sheddable request, priority < 0 from the objective
    named by `x-gateway-inference-objective`, is refused with 429 when the pool is saturated),
    schedule, run the PreRequest hooks. Front ends then dispatch, and report the response back
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from epick.config import LoadedConfig
 from epick.datalayer.datastore import Datastore, EndpointSpec
+from epick.datalayer.rewrites import ModelRewrites
 from epick.framework import (
     BadRequestError,
     Endpoint,
@@ -42,6 +44,9 @@ DESTINATION_HEADER = "x-gateway-destination-endpoint"
 PREFILL_HEADER = "x-prefiller-host-port"
 REQUEST_ID_HEADER = "x-request-id"
 CONTROL_HEADERS = frozenset({OBJECTIVE_HEADER, FAIRNESS_HEADER, MODEL_REWRITE_HEADER, DESTINATION_HEADER})
+# Headers only epick may set: a client's are dropped before plugins see the request, and before it is
+# forwarded (a client must not steer routing, nor point a decode server at a prefill host).
+UNTRUSTED_HEADERS = frozenset({DESTINATION_HEADER, PREFILL_HEADER, MODEL_REWRITE_HEADER})
 
 
 @dataclass(slots=True)
@@ -71,12 +76,14 @@ class Director:
         objectives: Mapping[str, int] | None = None,
         known_models: Callable[[], set[str]] | None = None,
         observer: Observer | None = None,
+        rewrites: ModelRewrites | None = None,
     ) -> None:
         self.datastore = datastore
         self.max_body_bytes = max_body_bytes
         self.objectives = dict(objectives or {})
         self.known_models = known_models
         self.observer = observer or Observer()
+        self.rewrites = rewrites or ModelRewrites()  # replaced whole on reload
         self.path = RequestPath(config, self.observer)
         datastore.subscribe(self._endpoint_changed)
 
@@ -110,9 +117,11 @@ class Director:
         lowered = {k.lower(): v for k, v in headers.items()}
         named = raw.get("model")
         client_model = named if isinstance(named, str) else ""
-        rewrite = lowered.get(MODEL_REWRITE_HEADER)
-        if rewrite:
-            raw["model"] = rewrite
+        # Rewrites come from configuration (InferenceModelRewrite), never from the client: its
+        # x-gateway-model-name-rewrite header is ignored and stripped.
+        target = self.rewrites.target_model(client_model) if client_model else None
+        if target is not None and target != client_model:
+            raw["model"] = target
             body = json.dumps(raw).encode()
         objective = lowered.get(OBJECTIVE_HEADER, "")
         try:
@@ -120,7 +129,7 @@ class Director:
                 raw,
                 kind=kind,
                 request_id=lowered.get(REQUEST_ID_HEADER) or uuid.uuid4().hex,
-                headers={k: v for k, v in lowered.items() if k != DESTINATION_HEADER},
+                headers={k: v for k, v in lowered.items() if k not in UNTRUSTED_HEADERS},
                 priority=self.objectives.get(objective, 0),
                 size=len(body),
             )
