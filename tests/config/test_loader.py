@@ -597,3 +597,42 @@ def test_seed_reaches_the_default_picker_and_load_config_file(tmp_path: Path) ->
     path.write_text(HEADER + "plugins:\n- type: queue-scorer\n")
     # Equal queues: queue-scorer gives 1 to all, so the made-up max-score-picker breaks ties.
     assert _picks(load_config_file(path, seed=3)) == _picks(load_config_file(path, seed=3))
+
+
+RELOADED = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefix-cache-scorer
+  parameters: {blockSizeTokens: BLOCK}
+- type: queue-scorer
+- type: always-disagg-pd-decider
+- name: pd
+  type: pd-profile-handler
+  parameters: {deciderPluginName: always-disagg-pd-decider}
+- type: decode-filter
+- type: prefill-filter
+- type: max-score-picker
+schedulingProfiles:
+- name: decode
+  plugins: [{pluginRef: decode-filter}, {pluginRef: prefix-cache-scorer}, {pluginRef: queue-scorer}]
+- name: prefill
+  plugins: [{pluginRef: prefill-filter}, {pluginRef: prefix-cache-scorer}]
+"""
+
+
+def test_a_reload_keeps_the_plugins_whose_configuration_did_not_change() -> None:
+    running = load_config_text(RELOADED.replace("BLOCK", "16"), seed=1)
+    same = load_config_text(RELOADED.replace("BLOCK", "16"), seed=1, previous=running)
+    for name in ("prefix-cache-scorer", "queue-scorer", "always-disagg-pd-decider", "max-score-picker"):
+        assert same.plugins[name] is running.plugins[name], name
+    # The handler uses another plugin: it is built anew (it would not see that plugin change).
+    assert same.plugins["pd"] is not running.plugins["pd"]
+    # The kept instance is what the new profiles and hooks use.
+    decode = same.scheduler.profiles["decode"]
+    assert decode.scorers[0].scorer is running.plugins["prefix-cache-scorer"]
+    assert running.plugins["prefix-cache-scorer"] in same.hooks.pre_request
+    # Changed parameters: a fresh instance; the others are still kept.
+    changed = load_config_text(RELOADED.replace("BLOCK", "32"), seed=1, previous=same)
+    assert changed.plugins["prefix-cache-scorer"] is not same.plugins["prefix-cache-scorer"]
+    assert changed.plugins["queue-scorer"] is same.plugins["queue-scorer"]

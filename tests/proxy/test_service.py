@@ -14,6 +14,7 @@ from epick.cli.simulate import CONFIG_POLICIES
 from epick.config import load_config_text
 from epick.config.defaults import DEFAULT_CONFIG_YAML
 from epick.datalayer.datastore import EndpointSpec
+from epick.plugins.prefix.scorer import PrefixCacheScorer
 from epick.proxy.server import ENDPOINT_HEADER, ProxyOptions
 from tests.conftest import MakeSim
 from tests.datalayer.pages import free_port
@@ -73,6 +74,37 @@ async def test_reload_keeps_the_old_config_on_error_and_swaps_in_a_good_one(
     order = [await served_by() for _ in range(6)]
     assert order == names + names
     assert any("config reloaded from" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_reload_keeps_the_prefix_index_of_an_unchanged_scorer(
+    make_sim: MakeSim, make_service: MakeService, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    path = tmp_path / "epick.yaml"
+    path.write_text(DEFAULT_CONFIG_YAML, encoding="utf-8")
+    sims = [await make_sim() for _ in range(2)]
+    service = await make_service([f"127.0.0.1:{s.port}" for s in sims], config_file=str(path))
+    payload = {"model": MODEL, "prompt": "a system prompt worth caching " * 10, "max_tokens": 1}
+    async with http.post(proxy_url(service) + "/v1/completions", json=payload) as r:
+        assert r.status == 200
+        served = r.headers[ENDPOINT_HEADER]
+    prefix = service.director.config.plugins["prefix-cache-scorer"]
+    assert isinstance(prefix, PrefixCacheScorer) and served in prefix.index.endpoints()
+    # The same file again, and a file that changes only the weights: the scorer and its index stay.
+    for text in (DEFAULT_CONFIG_YAML, DEFAULT_CONFIG_YAML.replace("weight: 3", "weight: 4")):
+        path.write_text(text, encoding="utf-8")
+        assert service.reload() is True
+        assert service.director.config.plugins["prefix-cache-scorer"] is prefix
+        assert served in prefix.index.endpoints()
+    # New parameters make a new scorer, with an empty index.
+    path.write_text(
+        DEFAULT_CONFIG_YAML.replace(
+            "- type: prefix-cache-scorer", "- type: prefix-cache-scorer\n  parameters: {blockSizeTokens: 32}"
+        ),
+        encoding="utf-8",
+    )
+    assert service.reload() is True
+    fresh = service.director.config.plugins["prefix-cache-scorer"]
+    assert isinstance(fresh, PrefixCacheScorer) and fresh is not prefix and len(fresh.index) == 0
 
 
 async def test_service_metrics_endpoint(make_sim: MakeSim, http: aiohttp.ClientSession) -> None:

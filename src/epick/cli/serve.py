@@ -249,8 +249,8 @@ class Service:
                 kubeconfig=k8s.kubeconfig,
             )
 
-    def _load(self) -> LoadedConfig:
-        return load_config(self.options.config_file, seed=self.options.seed)
+    def _load(self, previous: LoadedConfig | None = None) -> LoadedConfig:
+        return load_config(self.options.config_file, seed=self.options.seed, previous=previous)
 
     def _load_rewrites(self) -> ModelRewrites:
         """The rewrites file's resources for this pool; raises `RewriteError` naming what is wrong."""
@@ -285,7 +285,7 @@ class Service:
         """Load the config file and the model rewrites again; on any error keep the running ones (both)
         and log why."""
         try:
-            fresh = self._load()
+            fresh = self._load(previous=self.director.config)  # unchanged plugins keep their state
             rewrites = self._load_rewrites()
         except ConfigError as e:
             for issue in e.issues:

@@ -49,6 +49,10 @@ class LoadedConfig:
     hooks: RequestHooks
     saturation_detector: UtilizationDetector
     warnings: list[str]
+    # Per plugin: its type and parameters as built, and the plugins its factory used (for a reload
+    # that keeps the instances whose configuration did not change: `load_config(previous=)`).
+    fingerprints: dict[str, str] = field(default_factory=dict)
+    uses: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def summary(self) -> list[str]:
         """One line per profile, then the handler: what `epick check-config` prints."""

@@ -9,6 +9,7 @@ naming its path in the file and a fix; nothing half-built is ever returned. The 
 from __future__ import annotations
 
 import difflib
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -46,16 +47,29 @@ from epick.plugins.registry import ParameterError, Registry
 
 
 def load_config(
-    path: str | Path | None, *, seed: int | None = None, registry: Registry | None = None
+    path: str | Path | None,
+    *,
+    seed: int | None = None,
+    registry: Registry | None = None,
+    previous: LoadedConfig | None = None,
 ) -> LoadedConfig:
-    """The config file at `path`, or the built-in default config when `path` is None."""
+    """The config file at `path`, or the built-in default config when `path` is None.
+
+    With `previous` (the running config, on a reload), a plugin whose name, type and parameters did
+    not change, and that uses no other plugin, is the running instance itself: it keeps its state
+    (the prefix index, requests in flight, an LRU order).
+    """
     if path is None:
-        return load_default_config(registry=registry, seed=seed)
-    return load_config_file(path, registry=registry, seed=seed)
+        return load_default_config(registry=registry, seed=seed, previous=previous)
+    return load_config_file(path, registry=registry, seed=seed, previous=previous)
 
 
 def load_config_file(
-    path: str | Path, *, registry: Registry | None = None, seed: int | None = None
+    path: str | Path,
+    *,
+    registry: Registry | None = None,
+    seed: int | None = None,
+    previous: LoadedConfig | None = None,
 ) -> LoadedConfig:
     source = str(path)
     try:
@@ -64,21 +78,30 @@ def load_config_file(
         raise ConfigError(source, [ConfigIssue("", f"cannot read the file: {e.strerror or e}")]) from None
     except UnicodeDecodeError:
         raise ConfigError(source, [ConfigIssue("", "the file is not UTF-8 text")]) from None
-    return load_config_text(text, source=source, registry=registry, seed=seed)
+    return load_config_text(text, source=source, registry=registry, seed=seed, previous=previous)
 
 
-def load_default_config(*, registry: Registry | None = None, seed: int | None = None) -> LoadedConfig:
-    return load_config_text(DEFAULT_CONFIG_YAML, source="<default config>", registry=registry, seed=seed)
+def load_default_config(
+    *, registry: Registry | None = None, seed: int | None = None, previous: LoadedConfig | None = None
+) -> LoadedConfig:
+    return load_config_text(
+        DEFAULT_CONFIG_YAML, source="<default config>", registry=registry, seed=seed, previous=previous
+    )
 
 
 def load_config_text(
-    text: str, *, source: str = "<config>", registry: Registry | None = None, seed: int | None = None
+    text: str,
+    *,
+    source: str = "<config>",
+    registry: Registry | None = None,
+    seed: int | None = None,
+    previous: LoadedConfig | None = None,
 ) -> LoadedConfig:
     load_failures: list[str] = []
     if registry is None:
         registry, load_failures = default_registry()
     document = _parse(text, source)
-    builder = _Builder(source, document, registry, seed, load_failures)
+    builder = _Builder(source, document, registry, seed, load_failures, previous=previous)
     return builder.build()
 
 
@@ -138,6 +161,7 @@ class _Handle:
         plugin = self._builder.instantiate(name)
         if plugin is None:
             raise _DependencyFailedError(name)
+        self._builder.uses.setdefault(self._requester, set()).add(name)
         return plugin
 
     def rng(self, name: str) -> random.Random:
@@ -153,8 +177,13 @@ class _Builder:
         registry: Registry,
         seed: int | None,
         load_failures: list[str],
+        *,
+        previous: LoadedConfig | None = None,
     ) -> None:
         self.source = source
+        self.previous = previous
+        self.fingerprints: dict[str, str] = {}  # plugin name -> its type and parameters, as built
+        self.uses: dict[str, set[str]] = {}  # plugin name -> the plugins its factory asked for
         self.doc = doc
         self.registry = registry
         self.seed = seed
@@ -203,6 +232,8 @@ class _Builder:
             hooks=RequestHooks.from_plugins(plugins),
             saturation_detector=detector,
             warnings=self.warnings,
+            fingerprints=dict(self.fingerprints),
+            uses={name: frozenset(used) for name, used in self.uses.items()},
         )
 
     def _index_plugins(self) -> None:
@@ -298,6 +329,12 @@ class _Builder:
                 )
             self._failed.add(name)
             return None
+        fingerprint = json.dumps([spec.type, params.model_dump(mode="json")], sort_keys=True, default=str)
+        self.fingerprints[name] = fingerprint
+        kept = self._running(name, fingerprint)
+        if kept is not None:
+            self.instances[name] = kept
+            return kept
         self._building.append(name)
         try:
             plugin = spec.factory(name, params, _Handle(self, name))
@@ -326,6 +363,14 @@ class _Builder:
             self._building.pop()
         self.instances[name] = plugin
         return plugin
+
+    def _running(self, name: str, fingerprint: str) -> Plugin | None:
+        """The running config's instance of `name`, when it can be kept: same type and parameters,
+        and built without other plugins (whose own changes it would not see)."""
+        previous = self.previous
+        if previous is None or previous.fingerprints.get(name) != fingerprint or previous.uses.get(name):
+            return None
+        return previous.plugins.get(name)
 
     def _assemble(self) -> tuple[dict[str, SchedulerProfile], ProfileHandler | None]:
         handlers = [(n, p) for n, p in self.instances.items() if isinstance(p, ProfileHandler)]
