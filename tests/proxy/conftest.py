@@ -176,7 +176,16 @@ async def make_service() -> AsyncIterator[MakeService]:
     ) -> Service:
         proxy_fields = {
             k: kw.pop(k)
-            for k in ("max_body_bytes", "connect_timeout", "read_timeout", "expose_endpoint")
+            for k in (
+                "max_body_bytes",
+                "connect_timeout",
+                "read_timeout",
+                "expose_endpoint",
+                "head_timeout",
+                "body_timeout",
+                "keepalive_timeout",
+                "max_connections",
+            )
             if k in kw
         }
         proxy_fields.setdefault("expose_endpoint", True)  # tests check where a request went

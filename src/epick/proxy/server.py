@@ -25,6 +25,8 @@ from epick.datalayer.datastore import Datastore
 from epick.datalayer.models import ModelCatalog
 from epick.framework import Endpoint, Response
 from epick.framework.request import RequestKind
+from epick.proxy.http import AppRunner, json_errors
+from epick.requestcontrol import errors
 from epick.requestcontrol.director import (
     CONTROL_HEADERS,
     PREFILL_HEADER,
@@ -44,7 +46,8 @@ _HOP_BY_HOP = frozenset(
     {"connection", "proxy-connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
      "trailer", "transfer-encoding", "upgrade", "host", "content-length"}
 )  # fmt: skip
-_NOT_FORWARDED = _HOP_BY_HOP | CONTROL_HEADERS | UNTRUSTED_HEADERS
+# The body is forwarded as read, decompressed: the client's Content-Encoding does not apply to it.
+_NOT_FORWARDED = _HOP_BY_HOP | CONTROL_HEADERS | UNTRUSTED_HEADERS | {"content-encoding"}
 _NOT_RETURNED = _HOP_BY_HOP | CONTROL_HEADERS | UNTRUSTED_HEADERS | {ENDPOINT_HEADER}
 
 
@@ -66,6 +69,10 @@ class ProxyOptions:
     # Name the endpoint that served a response (header x-epick-endpoint) and failed ones in error
     # bodies; off, clients learn nothing of the pool's internal addresses.
     expose_endpoint: bool = False
+    head_timeout: float = 10.0  # a request's line and headers must arrive within this
+    body_timeout: float = 30.0  # and its body within this after them (a short body: 408)
+    keepalive_timeout: float = 75.0  # an idle client connection is closed after this
+    max_connections: int = 10_000  # open client connections; more are answered 503 (0: no limit)
 
 
 class _AttemptFailedError(Exception):
@@ -98,7 +105,7 @@ class Proxy:
         self._runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.options.max_body_bytes)
+        app = web.Application(client_max_size=self.options.max_body_bytes, middlewares=[json_errors])
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
@@ -108,7 +115,17 @@ class Proxy:
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60)
         self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
-        self._runner = web.AppRunner(self.app(), access_log=None)
+        o = self.options
+        self._runner = AppRunner(
+            self.app(),
+            access_log=None,
+            head_timeout=o.head_timeout,
+            max_connections=o.max_connections,
+            keepalive_timeout=o.keepalive_timeout,
+            # After an error answered before the body was read, read what is left of it for at most
+            # this long before closing (aiohttp's default, 10 s, holds a bad client's socket open).
+            lingering_time=1.0,
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.options.host, self.options.port)
         await site.start()
@@ -136,9 +153,15 @@ class Proxy:
 
     async def _handle(self, http: web.Request, kind: RequestKind, path: str) -> web.StreamResponse:
         try:
-            body = await http.read()
-        except web.HTTPRequestEntityTooLarge as e:
-            return _error(RequestError(413, str(e.text or "request body too large"), "body_too_large"))
+            async with asyncio.timeout(self.options.body_timeout):
+                body = await http.read()  # decompressed when the client sent Content-Encoding
+        except web.HTTPRequestEntityTooLarge:
+            # The rest of the body is never read: the connection cannot carry another request.
+            return _error(errors.too_large(None, self.options.max_body_bytes), close=True)
+        except TimeoutError:
+            timeout = self.options.body_timeout
+            message = f"request body incomplete after {timeout:g}s (Content-Length longer than the body?)"
+            return _error(RequestError(408, message, "body_timeout"), close=True)
         try:
             decision = self.director.decide(body, http.headers, kind)
         except RequestError as e:
@@ -284,5 +307,8 @@ class Proxy:
         return out
 
 
-def _error(e: RequestError) -> web.Response:
-    return web.Response(status=e.status, body=e.body(), content_type="application/json")
+def _error(e: RequestError, *, close: bool = False) -> web.Response:
+    response = web.Response(status=e.status, body=e.body(), content_type="application/json")
+    if close:
+        response.force_close()
+    return response

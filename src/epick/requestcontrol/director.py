@@ -112,8 +112,12 @@ class Director:
             raw = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise errors.bad_request(f"request body is not valid JSON: {e}") from None
+        except RecursionError:
+            raise errors.bad_request("request body is not valid JSON: nested too deeply") from None
         if not isinstance(raw, dict):
             raise errors.bad_request("request body must be a JSON object")
+        if b"\\ud" in body or b"\\uD" in body:  # an escaped surrogate: is every one paired?
+            _check_text(raw)
         lowered = {k.lower(): v for k, v in headers.items()}
         named = raw.get("model")
         client_model = named if isinstance(named, str) else ""
@@ -173,3 +177,22 @@ class Director:
     def response_complete(self, request: InferenceRequest, response: Response, endpoint: Endpoint) -> None:
         for hook in self.config.hooks.response_complete:
             safely(hook.response_complete, request, response, endpoint)
+
+
+def _check_text(value: object) -> None:
+    """Refuse strings that are not Unicode text: a lone surrogate (JSON lets `"\\ud800"` through)
+    cannot be encoded, forwarded or hashed."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise errors.bad_request(
+                "request body has a string with a lone surrogate (not Unicode text)"
+            ) from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_text(k)
+            _check_text(v)
+    elif isinstance(value, list):
+        for v in value:
+            _check_text(v)

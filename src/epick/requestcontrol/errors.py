@@ -9,6 +9,8 @@ from dataclasses import dataclass
 _TYPES = {
     400: "invalid_request_error",
     404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable",
@@ -22,7 +24,7 @@ class RequestError(Exception):
     code: str
 
     def body(self) -> bytes:
-        kind = _TYPES.get(self.status, "server_error")
+        kind = _TYPES.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")
         return json.dumps({"error": {"message": self.message, "type": kind, "code": self.code}}).encode()
 
     def __str__(self) -> str:
@@ -33,10 +35,10 @@ def bad_request(message: str) -> RequestError:
     return RequestError(400, message, "bad_request")
 
 
-def too_large(size: int, limit: int) -> RequestError:
-    return RequestError(
-        413, f"request body of {size} bytes exceeds the limit of {limit} bytes", "body_too_large"
-    )
+def too_large(size: int | None, limit: int) -> RequestError:
+    """`size` None: not known (a chunked body stopped at the limit)."""
+    body = "request body" if size is None else f"request body of {size} bytes"
+    return RequestError(413, f"{body} exceeds the limit of {limit} bytes", "body_too_large")
 
 
 def unknown_model(model: str, known: list[str]) -> RequestError:
