@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import sys
 
 import uvloop
@@ -11,6 +12,28 @@ import uvloop
 from epick.sim.errors import FAILURE_TYPES
 from epick.sim.options import ServerOptions
 from epick.sim.server import SimServer, serve
+
+
+def _probability(text: str) -> float:
+    """An argparse type: a finite number in [0, 1] (a bad one is a usage error naming the flag, exit 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a probability between 0 and 1")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value >= 0.0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds >= 0")
+    return value
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,6 +56,23 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default="rate_limit,server_error",
         help=f"comma-separated, from: {','.join(FAILURE_TYPES)}",
     )
+    p.add_argument(
+        "--latency-spike-rate",
+        type=_probability,
+        default=0.0,
+        metavar="R",
+        help="probability (0..1, drawn per request from --seed) that a request accepted for generation "
+        "is held --latency-spike-s wall seconds before it reaches the engine: no response header or "
+        "stream byte before the spike ends; /metrics, /health and the other endpoints are never "
+        "held (default 0)",
+    )
+    p.add_argument(
+        "--latency-spike-s",
+        type=_seconds,
+        default=0.0,
+        metavar="S",
+        help="length of a latency spike in wall seconds, not scaled by --time-scale (default 0)",
+    )
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--num-gpu-blocks", type=int, default=None)
     p.add_argument("--block-size", type=int, default=None)
@@ -42,7 +82,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--default-max-tokens", type=int, default=128, help="output length when max_tokens is unset"
     )
-    p.add_argument("--seed", type=int, default=0, help="seed for failure injection")
+    p.add_argument("--seed", type=int, default=0, help="seed for failure and latency-spike injection")
     p.set_defaults(func=run)
 
 
@@ -78,6 +118,8 @@ def options_from(args: argparse.Namespace) -> ServerOptions:
         kv_events_endpoint=args.kv_events_endpoint,
         failure_rate=args.failure_rate,
         failure_types=failure_types or ("rate_limit", "server_error"),
+        latency_spike_rate=args.latency_spike_rate,
+        latency_spike_s=args.latency_spike_s,
         default_max_tokens=args.default_max_tokens,
         seed=args.seed,
         engine=engine,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -23,9 +24,22 @@ class ServerOptions:
     kv_events_endpoint: str | None = None  # tcp://HOST:PORT; server i binds PORT + i
     failure_rate: float = 0.0
     failure_types: tuple[str, ...] = ("rate_limit", "server_error")
+    # Latency spikes: each request accepted for generation is, with probability latency_spike_rate
+    # (drawn from a generator seeded by `seed`), held latency_spike_s wall seconds (not scaled by
+    # time_scale) before it reaches the engine, so no response byte leaves before the spike ends.
+    latency_spike_rate: float = 0.0
+    latency_spike_s: float = 0.0
     default_max_tokens: int = 128
     seed: int = 0
     engine: EngineConfig = field(default_factory=EngineConfig)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.latency_spike_rate) and 0.0 <= self.latency_spike_rate <= 1.0):
+            raise ValueError(
+                f"--latency-spike-rate {self.latency_spike_rate!r}: give a probability in [0, 1]"
+            )
+        if not (math.isfinite(self.latency_spike_s) and self.latency_spike_s >= 0.0):
+            raise ValueError(f"--latency-spike-s {self.latency_spike_s!r}: give finite seconds >= 0")
 
     @staticmethod
     def engine_config(

@@ -4,6 +4,10 @@ The engine steps on the event loop: each step's simulated duration is slept (div
 `time_scale`), then its tokens are handed to the waiting responses. Times in metrics and
 histograms are simulated seconds, what the modelled GPU server would report. Request bodies and
 the OpenAI-shaped responses and stream chunks are `epick.sim.openai_api`'s.
+
+Fault injection, both seeded by `ServerOptions.seed` (and the server's index): `failure_rate` answers
+a share of generation requests with an error at once; `latency_spike_rate` holds a share of the
+accepted ones `latency_spike_s` wall seconds before they reach the engine (see `SimServer._spike`).
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from epick.sim.openai_api import (
 from epick.sim.options import ServerOptions
 
 IDENTITY_HEADER = "x-epick-sim-server"
+# How often a request held by a latency spike looks whether its client has gone (wall seconds).
+SPIKE_POLL_S = 0.05
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -67,6 +73,11 @@ class SimServer:
             lora_name, _, _path = module.partition("=")
             self._add_lora(lora_name)
         self._rng = random.Random(options.seed * 1000 + index)
+        # Spikes draw from their own generator, so turning them on leaves the failure draws as they were.
+        self._spike_rng = random.Random(f"latency-spike:{options.seed}:{index}")
+        self.spikes_injected = 0  # requests a latency spike was drawn for
+        self.spikes_in_flight = 0  # requests held by a spike right now
+        self._stopping = asyncio.Event()
         self._index = index
         self._pending: dict[str, _Pending] = {}
         self._wake = asyncio.Event()
@@ -106,7 +117,8 @@ class SimServer:
 
     async def stop(self) -> None:
         # Requests in flight end now (streams with an error event, others with 503), so the HTTP
-        # side can close without waiting for them.
+        # side can close without waiting for them; requests held by a latency spike end with 503.
+        self._stopping.set()
         for pending in list(self._pending.values()):
             pending.queue.put_nowait(None)
         if self._loop_task is not None:
@@ -275,6 +287,10 @@ class SimServer:
         include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
         transfer = body.get("kv_transfer_params") or {}
         remote_prefill = isinstance(transfer, dict) and bool(transfer.get("do_remote_prefill"))
+        rate = self.options.latency_spike_rate
+        spiked = rate > 0 and self._spike_rng.random() < rate  # no draw at rate 0, as for failures
+        if spiked and not await self._spike(http):
+            return web.Response(status=499, reason="Client Closed Request")  # nobody is there to read it
         role = self.options.role
         if role == "prefill":
             max_tokens = 1  # a prefill server stops after the first token; decode continues elsewhere
@@ -304,6 +320,30 @@ class SimServer:
             self._pending.pop(request_id, None)
             if req.finish_time is None:
                 self.engine.abort(request_id, self.sim_now())
+
+    async def _spike(self, http: web.Request) -> bool:
+        """Hold a request `latency_spike_s` wall seconds (not scaled by `time_scale`) before the engine.
+
+        Nothing of the request exists outside this coroutine meanwhile: no engine entry, no response
+        headers. False when the client went away during the spike (the request then never reaches
+        the engine); a server that stops meanwhile answers 503 at once.
+        """
+        self.spikes_injected += 1
+        self.spikes_in_flight += 1
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.options.latency_spike_s
+        try:
+            while (left := end - loop.time()) > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(min(left, SPIKE_POLL_S)):
+                        await self._stopping.wait()
+                if self._stopping.is_set():
+                    raise APIError(503, "the server is shutting down", "server_error", "service_unavailable")
+                if http.transport is None or http.transport.is_closing():
+                    return False
+            return True
+        finally:
+            self.spikes_in_flight -= 1
 
     async def _next(self, pending: _Pending) -> RequestOutput:
         out = await pending.queue.get()
