@@ -87,7 +87,9 @@ class FakeModelServer:
 
     mode "die": streams two SSE chunks, then drops the connection (and its /metrics fails from then on);
     "gated": streams one chunk, waits for `gate`, then the rest; "echo": answers with what it received;
-    "gzip": the same, compressed when the client accepts it; "ratelimit": 429 with Retry-After.
+    "gzip": the same, compressed when the client accepts it; "ratelimit": 429 with Retry-After;
+    "unavailable": 503 to every generation request (its /metrics is fine); "hang": accepts a request
+    and sends nothing until `gate` (a hung server).
     """
 
     def __init__(self, mode: str, model: str = MODEL) -> None:
@@ -123,6 +125,10 @@ class FakeModelServer:
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         self.requests.append((dict(request.headers), body))
+        if self.mode == "unavailable":
+            return web.json_response({"error": {"message": "overloaded", "type": "server_error"}}, status=503)
+        if self.mode == "hang":
+            await self.gate.wait()
         if self.mode == "ratelimit":
             error = {"error": {"message": "slow down", "type": "rate_limit_error", "code": None}}
             return web.json_response(error, status=429, headers={"Retry-After": "7", "x-fake": self.mode})
@@ -185,6 +191,8 @@ async def make_service() -> AsyncIterator[MakeService]:
                 "body_timeout",
                 "keepalive_timeout",
                 "max_connections",
+                "first_byte_timeout",
+                "request_timeout",
             )
             if k in kw
         }

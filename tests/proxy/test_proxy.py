@@ -12,6 +12,7 @@ import aiohttp
 import openai
 import pytest
 
+from epick.datalayer.health import OutlierPolicy
 from epick.proxy.server import ENDPOINT_HEADER
 from epick.sim.server import IDENTITY_HEADER
 from tests.conftest import MakeSim
@@ -558,3 +559,43 @@ async def test_a_bad_rewrites_file_on_reload_keeps_the_running_rewrites(
     rewrites.write_text(good.replace("targets: [", "targets: [{modelRewrite: x, weight: 0}, "))
     assert service.reload() is False
     assert (await client.completions.create(model="anything", prompt="hi", max_tokens=1)).model == MODEL
+
+
+async def test_an_endpoint_answering_5xx_is_ejected_after_consecutive_failures(
+    make_sim: MakeSim, make_fake: Any, make_service: MakeService, http: aiohttp.ClientSession
+) -> None:
+    sim = await make_sim()
+    bad = await make_fake("unavailable")
+    policy = OutlierPolicy(consecutive_failures=2, base_ejection_s=600, max_ejection_s=600)
+    service = await make_service([f"127.0.0.1:{sim.port}", bad.name], steering_config(), outliers=policy)
+    payload = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
+    for _ in range(5):  # every one steered to the bad endpoint first
+        async with http.post(proxy_url(service) + "/v1/completions", json=payload, headers=to(bad.name)) as r:
+            assert r.status == 200 and r.headers[ENDPOINT_HEADER] == f"127.0.0.1:{sim.port}"
+    # Two failures in a row ejected it: the last three requests never paid a failed attempt.
+    assert len(bad.requests) == 2
+    assert service.datastore.is_ejected(bad.name)
+
+
+async def test_a_hung_endpoint_costs_one_first_byte_timeout_then_the_next_endpoint_answers(
+    make_sim: MakeSim, make_fake: Any, make_service: MakeService, http: aiohttp.ClientSession
+) -> None:
+    sim = await make_sim()
+    hung = await make_fake("hang")
+    service = await make_service(
+        [f"127.0.0.1:{sim.port}", hung.name], steering_config(), first_byte_timeout=0.3
+    )
+    payload = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
+    async with http.post(proxy_url(service) + "/v1/completions", json=payload, headers=to(hung.name)) as r:
+        assert r.status == 200 and r.headers[ENDPOINT_HEADER] == f"127.0.0.1:{sim.port}"
+    assert len(hung.requests) == 1
+
+
+async def test_a_request_past_its_deadline_gets_504(
+    make_fake: Any, make_service: MakeService, http: aiohttp.ClientSession
+) -> None:
+    hung = await make_fake("hang")
+    service = await make_service([hung.name], request_timeout=0.3)
+    payload = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
+    async with http.post(proxy_url(service) + "/v1/completions", json=payload) as r:
+        assert r.status == 504 and (await r.json())["error"]["code"] == "request_timeout"

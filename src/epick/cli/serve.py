@@ -21,10 +21,12 @@ from epick.config import ConfigError, LoadedConfig, load_config
 from epick.datalayer.datastore import Datastore, EndpointSpec
 from epick.datalayer.discovery.kubernetes import KubernetesDiscovery
 from epick.datalayer.discovery.static import DiscoveryError, load_endpoints_file, parse_endpoints_flag
+from epick.datalayer.health import EndpointHealth, OutlierPolicy
 from epick.datalayer.models import ModelCatalog
 from epick.datalayer.rewrites import ModelRewrites, RewriteError, for_pool, parse_rewrites
 from epick.datalayer.scraper import ScraperPool
 from epick.extproc.server import ExtProcOptions, ExtProcServer
+from epick.extproc.tls import TlsFileError
 from epick.plugins.duration import parse_duration
 from epick.plugins.filters.utilization import UtilizationDetector
 from epick.proxy.server import Proxy, ProxyOptions
@@ -63,6 +65,7 @@ class ServeOptions:
     # a pool name was given.
     model_rewrites_file: str | None = None
     rewrites_pool: str | None = None
+    outliers: OutlierPolicy = field(default_factory=OutlierPolicy)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -95,9 +98,26 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--secure-serving",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="TLS on the ext_proc port (self-signed unless --cert-path), as the Go EPP",
+        help="TLS on the ext_proc and health ports (self-signed unless --cert-path), as the Go EPP",
     )
-    p.add_argument("--cert-path", help="directory with tls.crt and tls.key for the ext_proc port")
+    p.add_argument("--cert-path", help="directory with tls.crt and tls.key for the ext_proc and health ports")
+    p.add_argument(
+        "--enable-cert-reload",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="re-read the certificate (and client CA) when the files change (cert-manager rotation)",
+    )
+    p.add_argument(
+        "--client-ca-file", help="PEM CA bundle: ext_proc clients must present a certificate it signed"
+    )
+    p.add_argument(
+        "--grpc-health-plaintext",
+        action="store_true",
+        help="serve the health port without TLS (Kubernetes' grpc probes cannot speak TLS)",
+    )
+    p.add_argument(
+        "--max-extproc-streams", type=int, default=10_000, help="open ext_proc streams (0: no limit)"
+    )
     p.add_argument("--metrics-port", type=int, default=9090, help="epick's own /metrics (0: off)")
     p.add_argument("--refresh-metrics-interval", default="50ms", help="scrape interval per endpoint")
     p.add_argument(
@@ -111,6 +131,29 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--connect-timeout", default="5s")
     p.add_argument("--read-timeout", default="600s", help="longest silence between chunks of a response")
+    p.add_argument(
+        "--first-byte-timeout", default="120s", help="no response headers after this: try the next endpoint"
+    )
+    p.add_argument(
+        "--request-timeout", default="1h", help="a request's deadline, attempts and stream included"
+    )
+    p.add_argument(
+        "--head-timeout", default="10s", help="a client's request line and headers must arrive in this"
+    )
+    p.add_argument("--body-timeout", default="30s", help="and its body in this after them (408 if not)")
+    p.add_argument(
+        "--max-connections", type=int, default=10_000, help="open client connections (0: no limit)"
+    )
+    p.add_argument(
+        "--outlier-consecutive-5xx",
+        type=int,
+        default=5,
+        help="5xx or first-byte timeouts in a row that eject an endpoint (Envoy's default 5)",
+    )
+    p.add_argument(
+        "--outlier-base-ejection", default="30s", help="first ejection; the n-th in a row lasts n times this"
+    )
+    p.add_argument("--outlier-max-ejection", default="300s", help="the longest ejection")
     p.add_argument(
         "--objective",
         action="append",
@@ -183,6 +226,11 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
                 read_timeout=parse_duration(args.read_timeout),
                 max_body_bytes=args.max_body_bytes,
                 expose_endpoint=args.expose_endpoint,
+                first_byte_timeout=parse_duration(args.first_byte_timeout),
+                request_timeout=parse_duration(args.request_timeout),
+                head_timeout=parse_duration(args.head_timeout),
+                body_timeout=parse_duration(args.body_timeout),
+                max_connections=args.max_connections,
             ),
             extproc=None
             if args.no_extproc
@@ -192,6 +240,10 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
                 health_port=args.grpc_health_port,
                 secure=args.secure_serving,
                 cert_path=args.cert_path,
+                client_ca_path=args.client_ca_file,
+                cert_reload=args.enable_cert_reload,
+                health_plaintext=args.grpc_health_plaintext,
+                max_streams=args.max_extproc_streams or None,
             ),
             metrics_port=args.metrics_port or None,
             metrics_host=args.host,
@@ -202,6 +254,11 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
             max_body_bytes=args.max_body_bytes,
             model_rewrites_file=args.model_rewrites,
             rewrites_pool=args.pool_name,
+            outliers=OutlierPolicy(
+                consecutive_failures=args.outlier_consecutive_5xx,
+                base_ejection_s=parse_duration(args.outlier_base_ejection),
+                max_ejection_s=parse_duration(args.outlier_max_ejection),
+            ),
         )
     except (DiscoveryError, ValueError) as e:
         raise SystemExit(f"epick serve: {e}") from None
@@ -218,6 +275,7 @@ class Service:
         self.metrics = EppMetrics(options.pool_name, self.datastore, lambda: self.director.config)
         self.scrapers = ScraperPool(self.datastore, interval=options.refresh_metrics_interval)
         self.catalog = ModelCatalog(self.datastore)
+        self.health = EndpointHealth(self.datastore, options.outliers)
         self.director = Director(
             self._prepare(self.config),
             self.datastore,
@@ -227,11 +285,10 @@ class Service:
             known_models=self.catalog.known,
             observer=self.metrics,
             rewrites=self._load_rewrites(),
+            health=self.health,
         )
         self.proxy = (
-            Proxy(
-                self.director, self.datastore, self.catalog, options.proxy, self.scrapers.report_unreachable
-            )
+            Proxy(self.director, self.datastore, self.catalog, options.proxy, self.health)
             if options.proxy
             else None
         )
@@ -368,7 +425,7 @@ def run(args: argparse.Namespace) -> int:
         for issue in e.issues:
             print(issue.render(e.source), file=sys.stderr)
         return 2
-    except (DiscoveryError, RewriteError) as e:
+    except (DiscoveryError, RewriteError, TlsFileError) as e:
         print(f"epick serve: {e}", file=sys.stderr)
         return 2
     except OSError as e:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -29,7 +31,10 @@ class Datastore:
     """Endpoints by name. Endpoints are immutable: an update replaces one, so a list taken by
     `snapshot()` never changes under the scheduler. Only the event loop's thread writes."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock  # for ejections (`eject`)
+        self._ejected: dict[str, float] = {}  # name -> until (clock time)
+        self._next_release = math.inf
         self._endpoints: dict[str, Endpoint] = {}
         self._specs: dict[str, EndpointSpec] = {}
         self._snapshot: Snapshot | None = None
@@ -57,6 +62,7 @@ class Datastore:
             return
         del self._endpoints[name]
         self._unhealthy.discard(name)
+        self._ejected.pop(name, None)
         self._snapshot = None
         for listener in self._listeners:
             listener(name, None)
@@ -86,6 +92,30 @@ class Datastore:
             self._unhealthy.add(name)
         self._snapshot = None
 
+    def eject(self, name: str, until: float) -> None:
+        """Leave `name` out of snapshots until the clock reaches `until` (outlier detection)."""
+        if name not in self._endpoints:
+            return
+        self._ejected[name] = until
+        self._next_release = min(self._next_release, until)
+        self._snapshot = None
+
+    def ejected_count(self) -> int:
+        self._release_expired()
+        return len(self._ejected)
+
+    def is_ejected(self, name: str) -> bool:
+        self._release_expired()
+        return name in self._ejected
+
+    def _release_expired(self) -> None:
+        if not self._ejected or self.clock() < self._next_release:
+            return
+        now = self.clock()
+        self._ejected = {n: until for n, until in self._ejected.items() if until > now}
+        self._next_release = min(self._ejected.values(), default=math.inf)
+        self._snapshot = None
+
     def is_healthy(self, name: str) -> bool:
         return name in self._endpoints and name not in self._unhealthy
 
@@ -99,13 +129,20 @@ class Datastore:
         return list(self._specs.values())
 
     def snapshot(self) -> Snapshot:
-        """The current healthy endpoints: the same object, with the same version, until something
-        changes (so the scheduler reuses scores that depend on metrics alone)."""
+        """The current healthy, not ejected endpoints: the same object, with the same version, until
+        something changes (so the scheduler reuses scores that depend on metrics alone)."""
+        if self._ejected:
+            self._release_expired()
         if self._snapshot is None:
-            unhealthy = self._unhealthy
+            unhealthy, ejected = self._unhealthy, self._ejected
             self._version += 1
             self._snapshot = Snapshot(
-                tuple(ep for name, ep in self._endpoints.items() if name not in unhealthy), self._version
+                tuple(
+                    ep
+                    for name, ep in self._endpoints.items()
+                    if name not in unhealthy and name not in ejected
+                ),
+                self._version,
             )
         return self._snapshot
 

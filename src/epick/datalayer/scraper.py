@@ -133,15 +133,6 @@ class ScraperPool:
             self.scrapers[name] = scraper
             scraper.start()
 
-    def report_unreachable(self, name: str, reason: str) -> None:
-        """A front end could not reach `name` (refused, reset, broke off mid-response): it leaves the
-        candidates now, and comes back when its scraper next reads its metrics."""
-        if self.datastore.is_healthy(name):
-            log.warning(
-                "%s is unreachable (%s): out of the candidates until its metrics answer", name, reason
-            )
-        self.datastore.set_healthy(name, False)
-
     async def stop(self) -> None:
         for scraper in list(self.scrapers.values()):
             await scraper.stop()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -22,6 +23,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from epick.extproc.exchange import Exchange
 from epick.requestcontrol.director import Director
+
+if TYPE_CHECKING:
+    from epick.extproc.tls import CertificateStore  # imported on start: cryptography only when serving
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -47,11 +51,27 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
 
 @dataclass(frozen=True, slots=True)
 class ExtProcOptions:
+    """The ext_proc server's ports and TLS. TLS (`secure`) covers the ext_proc and the health port alike."""
+
     host: str = "0.0.0.0"
     port: int = 9002
     health_port: int = 9003
     secure: bool = True
     cert_path: str | None = None  # a directory with tls.crt and tls.key; self-signed when unset
+    # A PEM CA bundle: when set, clients must present a certificate it signed (mTLS), on both ports.
+    client_ca_path: str | None = None
+    # Re-read tls.crt, tls.key and the client CA when they change (checked before each new connection's
+    # handshake); established connections keep their certificate.
+    cert_reload: bool = True
+    # The health port without TLS even when `secure` (Kubernetes' grpc probes cannot speak TLS).
+    health_plaintext: bool = False
+    # Open ext_proc streams (one per request in flight through the gateway); more are refused with
+    # RESOURCE_EXHAUSTED, which a fail-closed gateway answers 5xx. None: no limit.
+    max_streams: int | None = 10_000
+
+    def __post_init__(self) -> None:
+        if self.client_ca_path is not None and not self.secure:
+            raise ValueError("a client CA (mTLS) needs TLS: client_ca_path is set but secure is off")
 
 
 class ExtProcServer:
@@ -63,26 +83,34 @@ class ExtProcServer:
         self._server: grpc.aio.Server | None = None
         self._health_server: grpc.aio.Server | None = None
         self.health = health.aio.HealthServicer()
+        self.certificates: CertificateStore | None = None  # with TLS: what both ports serve
 
     async def start(self) -> None:
-        from epick.extproc.tls import load_pair, self_signed
+        from epick.extproc.tls import CertificateStore
 
-        self._server = grpc.aio.server()
+        options = self.options
+        store = (
+            CertificateStore(options.cert_path, options.client_ca_path, reload=options.cert_reload)
+            if options.secure
+            else None
+        )
+        self.certificates = store
+
+        def listen(server: grpc.aio.Server, port: int, plaintext: bool = False) -> int:
+            address = f"{options.host}:{port}"
+            if store is None or plaintext:
+                return int(server.add_insecure_port(address))
+            return int(server.add_secure_port(address, store.credentials()))  # one credentials per port
+
+        self._server = grpc.aio.server(maximum_concurrent_rpcs=options.max_streams)
         pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(self.director), self._server)
         # Health on the ext_proc port too: a gateway health-checks the cluster it sends ext_proc to.
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        address = f"{self.options.host}:{self.options.port}"
-        if self.options.secure:
-            key, cert = load_pair(self.options.cert_path) if self.options.cert_path else self_signed()
-            self.port = self._server.add_secure_port(address, grpc.ssl_server_credentials([(key, cert)]))
-        else:
-            self.port = self._server.add_insecure_port(address)
+        self.port = listen(self._server, options.port)
         await self._server.start()
         self._health_server = grpc.aio.server()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
-        self.health_port = self._health_server.add_insecure_port(
-            f"{self.options.host}:{self.options.health_port}"
-        )
+        self.health_port = listen(self._health_server, options.health_port, options.health_plaintext)
         await self._health_server.start()
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)

@@ -1,15 +1,46 @@
-"""A self-signed certificate for the gRPC server, made at start-up as the Go EPP does by default."""
+"""TLS for the ext_proc and gRPC health ports: the serving certificate, optional client verification
+(mTLS), and reloading both when their files change.
+
+The certificate comes from a directory with `tls.crt` (the chain, leaf first) and `tls.key`, the layout
+of a Kubernetes TLS secret, or is self-signed at start-up as the Go EPP does when no `--cert-path` is
+given. A client CA bundle, when given, makes every client present a certificate it signed.
+
+Reloading uses gRPC's dynamic server credentials: gRPC calls a fetcher before the TLS handshake of every
+new connection, and the fetcher hands over a new certificate configuration when the files changed (their
+inode, size, mtime or ctime, then their content). Established connections, and the streams on them, keep
+the certificate they were made with. Files that cannot be read, do not parse, or whose key does not match
+the certificate are logged (naming the file) and the last good set keeps serving. Each port gets its own
+credentials object and fetcher: gRPC keeps the fetched state per listening port, and one dynamic
+credentials object shared by two ports fails to bind the second one. The fetcher runs on a gRPC core
+thread, not the event loop, so `CertificateStore` is thread-safe.
+"""
 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import ipaddress
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+
+log = logging.getLogger(__name__)
+
+CERT_FILE = "tls.crt"
+KEY_FILE = "tls.key"
+# A file whose mtime is this recent may be written again within the same timestamp tick without its
+# stat changing (git's "racily clean" case), so its content is re-read until it is older than this.
+_RACY_NS = 2_000_000_000
 
 
 def self_signed(common_name: str = "epick") -> tuple[bytes, bytes]:
@@ -46,4 +77,202 @@ def self_signed(common_name: str = "epick") -> tuple[bytes, bytes]:
 def load_pair(cert_dir: str | Path) -> tuple[bytes, bytes]:
     """(key, cert) from tls.key and tls.crt in `cert_dir` (the layout of a Kubernetes TLS secret)."""
     d = Path(cert_dir)
-    return (d / "tls.key").read_bytes(), (d / "tls.crt").read_bytes()
+    return (d / KEY_FILE).read_bytes(), (d / CERT_FILE).read_bytes()
+
+
+class TlsFileError(ValueError):
+    """A certificate, key or CA file that cannot be used; the message names the file."""
+
+
+@dataclass(frozen=True, slots=True)
+class Material:
+    """What one TLS configuration is made of, checked: the key matches the chain's first certificate."""
+
+    key: bytes
+    chain: bytes
+    client_ca: bytes | None = None
+
+    @property
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        for part in (self.key, self.chain, self.client_ca or b""):
+            h.update(len(part).to_bytes(8, "big"))
+            h.update(part)
+        return h.hexdigest()
+
+    def configuration(self) -> grpc.ServerCertificateConfiguration:
+        return grpc.ssl_server_certificate_configuration([(self.key, self.chain)], self.client_ca)
+
+    def describe(self) -> str:
+        leaf = x509.load_pem_x509_certificates(self.chain)[0]
+        return (
+            f"subject {leaf.subject.rfc4514_string()}, issuer {leaf.issuer.rfc4514_string()}, "
+            f"expires {leaf.not_valid_after_utc.isoformat()}"
+        )
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise TlsFileError(f"{path}: cannot read ({e.strerror or e})") from e
+
+
+def _certificates(data: bytes, path: Path | str) -> list[x509.Certificate]:
+    try:
+        certs = x509.load_pem_x509_certificates(data)
+    except ValueError as e:
+        raise TlsFileError(f"{path}: not a PEM certificate ({e})") from e
+    return certs
+
+
+def check_material(key: bytes, chain: bytes, client_ca: bytes | None, where: dict[str, str]) -> Material:
+    """`Material` from PEM bytes, or TlsFileError naming the file (`where` maps key, chain, client_ca
+    to the file each came from)."""
+    leaf = _certificates(chain, where["chain"])[0]
+    try:
+        private = serialization.load_pem_private_key(key, password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm) as e:
+        raise TlsFileError(f"{where['key']}: not an unencrypted PEM private key ({e})") from e
+    spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    if private.public_key().public_bytes(*spki) != leaf.public_key().public_bytes(*spki):
+        raise TlsFileError(f"{where['key']}: does not match the certificate in {where['chain']}")
+    if client_ca is not None:
+        _certificates(client_ca, where["client_ca"])
+    if leaf.not_valid_after_utc < datetime.datetime.now(datetime.UTC):
+        log.warning("%s: the certificate expired at %s", where["chain"], leaf.not_valid_after_utc)
+    return Material(key, chain, client_ca)
+
+
+def read_material(cert_dir: str | Path | None, client_ca_path: str | Path | None) -> Material:
+    """The pair from `cert_dir` (self-signed when None) and the client CA bundle, checked."""
+    where = {"client_ca": str(client_ca_path)}
+    if cert_dir is None:
+        key, chain = self_signed()
+        where |= {"key": "self-signed key", "chain": "self-signed certificate"}
+    else:
+        d = Path(cert_dir)
+        where |= {"key": str(d / KEY_FILE), "chain": str(d / CERT_FILE)}
+        key, chain = _read(d / KEY_FILE), _read(d / CERT_FILE)
+    client_ca = _read(Path(client_ca_path)) if client_ca_path is not None else None
+    return check_material(key, chain, client_ca, where)
+
+
+_Stamp = tuple[int, int, int, int, int] | None
+
+
+def _stamp(path: Path) -> _Stamp:
+    try:
+        st = path.stat()  # follows the ..data symlinks of a Kubernetes secret volume
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+class CertificateStore:
+    """The serving key pair and client CA of the ext_proc and health ports, re-read from their files
+    when these change (`reload`), keeping the last good set when the new files are unusable.
+
+    With `cert_dir` None the pair is self-signed once and only the client CA file (if any) is watched.
+    `current()` numbers the sets it has loaded (its generation); each port's fetcher hands gRPC the set
+    when the generation moved past the one that port serves.
+    """
+
+    def __init__(
+        self, cert_dir: str | Path | None, client_ca_path: str | Path | None = None, reload: bool = True
+    ) -> None:
+        self.cert_dir = Path(cert_dir) if cert_dir is not None else None
+        self.client_ca_path = Path(client_ca_path) if client_ca_path is not None else None
+        self.reload = reload
+        self._self_signed = read_material(None, None) if self.cert_dir is None else None
+        self._paths: Sequence[Path] = [
+            *([self.cert_dir / CERT_FILE, self.cert_dir / KEY_FILE] if self.cert_dir is not None else []),
+            *([self.client_ca_path] if self.client_ca_path is not None else []),
+        ]
+        self._lock = threading.Lock()
+        self._stamps, self._racy = self._look()
+        self._material = self._load()  # unusable files at start-up raise TlsFileError
+        self._generation = 0
+        self._last_error: str | None = None
+        log.info("ext_proc TLS certificate: %s", self._material.describe())
+
+    @property
+    def require_client_auth(self) -> bool:
+        return self.client_ca_path is not None
+
+    def _look(self) -> tuple[tuple[_Stamp, ...], bool]:
+        stamps = tuple(_stamp(p) for p in self._paths)
+        now = time.time_ns()
+        racy = any(s is not None and now - max(s[3], s[4]) < _RACY_NS for s in stamps)
+        return stamps, racy
+
+    def _load(self) -> Material:
+        if self._self_signed is None:
+            return read_material(self.cert_dir, self.client_ca_path)
+        client_ca = _read(self.client_ca_path) if self.client_ca_path is not None else None
+        where = {
+            "key": "self-signed key",
+            "chain": "self-signed certificate",
+            "client_ca": str(self.client_ca_path),
+        }
+        return check_material(self._self_signed.key, self._self_signed.chain, client_ca, where)
+
+    def current(self) -> tuple[int, Material]:
+        """(generation, material), after re-reading the files if they changed since the last look."""
+        with self._lock:
+            if self.reload and self._paths:
+                self._refresh()
+            return self._generation, self._material
+
+    def _refresh(self) -> None:
+        stamps, racy = self._look()  # stat before reading: a change after this shows next time
+        if stamps == self._stamps and not self._racy:
+            return
+        self._stamps, self._racy = stamps, racy
+        try:
+            material = self._load()
+        except TlsFileError as e:
+            if str(e) != self._last_error:
+                log.error("ext_proc TLS files not reloaded, the previous certificate keeps serving: %s", e)
+                self._last_error = str(e)
+            return
+        self._last_error = None
+        if material.digest == self._material.digest:
+            return
+        self._material = material
+        self._generation += 1
+        log.info("ext_proc TLS certificate reloaded: %s", material.describe())
+
+    def credentials(self) -> grpc.ServerCredentials:
+        """Server credentials for one port (each port needs its own: see the module docstring)."""
+        generation, material = self.current()
+        if not self.reload:
+            return grpc.ssl_server_credentials(
+                [(material.key, material.chain)], material.client_ca, self.require_client_auth
+            )
+        return grpc.dynamic_ssl_server_credentials(
+            material.configuration(),
+            _Fetcher(self, generation),
+            require_client_authentication=self.require_client_auth,
+        )
+
+
+class _Fetcher:
+    """gRPC's certificate fetcher for one port: the store's material when it moved past what this port
+    serves, else None (no change). Called on a gRPC core thread before each new connection's handshake."""
+
+    def __init__(self, store: CertificateStore, generation: int) -> None:
+        self._store = store
+        self._generation = generation
+
+    def __call__(self) -> grpc.ServerCertificateConfiguration | None:
+        try:
+            generation, material = self._store.current()
+            if generation == self._generation:
+                return None
+            configuration = material.configuration()
+        except Exception:  # never into gRPC core: it would log a traceback and fail the fetch
+            log.exception("ext_proc TLS reload failed; the previous certificate keeps serving")
+            return None
+        self._generation = generation
+        return configuration

@@ -15,13 +15,14 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
 
 from epick.datalayer.datastore import Datastore
+from epick.datalayer.health import EndpointHealth
 from epick.datalayer.models import ModelCatalog
 from epick.framework import Endpoint, Response
 from epick.framework.request import RequestKind
@@ -73,6 +74,10 @@ class ProxyOptions:
     body_timeout: float = 30.0  # and its body within this after them (a short body: 408)
     keepalive_timeout: float = 75.0  # an idle client connection is closed after this
     max_connections: int = 10_000  # open client connections; more are answered 503 (0: no limit)
+    # An attempt that has no response headers after this moves on to the next endpoint (a hung
+    # server); a request as a whole, attempts and streaming included, ends after request_timeout.
+    first_byte_timeout: float = 120.0
+    request_timeout: float = 3600.0
 
 
 class _AttemptFailedError(Exception):
@@ -91,13 +96,13 @@ class Proxy:
         datastore: Datastore,
         catalog: ModelCatalog | None,
         options: ProxyOptions,
-        unreachable: Callable[[str, str], None],
+        health: EndpointHealth,
     ) -> None:
-        """`unreachable(name, reason)` tells the data layer an endpoint failed under a request (the
-        datastore is only read here)."""
+        """`health` is where the data layer learns what the requests found: endpoints unreachable,
+        answering 5xx or hanging (the datastore is only read here)."""
         self.director = director
         self.datastore = datastore
-        self.unreachable = unreachable
+        self.health = health
         self.catalog = catalog
         self.options = options
         self.port = options.port
@@ -166,6 +171,24 @@ class Proxy:
             decision = self.director.decide(body, http.headers, kind)
         except RequestError as e:
             return _error(e)
+        state = _Request(deadline=asyncio.get_running_loop().time() + self.options.request_timeout)
+        try:
+            async with asyncio.timeout_at(state.deadline):
+                return await self._attempts(http, decision, path, state)
+        except TimeoutError:
+            timeout = self.options.request_timeout
+            log.warning("request %s passed its %gs deadline", decision.request.request_id, timeout)
+            if state.out is None:
+                return _error(RequestError(504, f"no answer within the request deadline of {timeout:g}s",
+                                           "request_timeout"))  # fmt: skip
+            await _end_with_error(state.out, f"the request passed its deadline of {timeout:g}s")
+            return state.out
+
+    async def _attempts(
+        self, http: web.Request, decision: Decision, path: str, state: _Request
+    ) -> web.StreamResponse:
+        """The decision's targets in turn, then one fresh decision without those that failed; only
+        attempts that sent the client nothing are retried."""
         tried: set[str] = set()
         targets = list(decision.targets)
         last = _AttemptFailedError("no endpoint answered", 503)
@@ -175,7 +198,7 @@ class Proxy:
                     continue
                 tried.add(endpoint.name)
                 try:
-                    return await self._forward(http, decision, endpoint, path)
+                    return await self._forward(http, decision, endpoint, path, state)
                 except _AttemptFailedError as failure:
                     last = failure
                     log.warning(
@@ -190,15 +213,14 @@ class Proxy:
                 targets = list(result.targets)
         if last.body:
             return web.Response(status=last.status, body=last.body, content_type="application/json")
-        detail = (
-            f": {last}" if self.options.expose_endpoint else f" ({len(tried)} tried; epick's log has why)"
-        )
-        return _error(
-            RequestError(last.status, f"no endpoint could serve the request{detail}", "upstream_failed")
-        )
+        if self.options.expose_endpoint:
+            message = f"no endpoint could serve the request: {last}"
+        else:
+            message = f"no endpoint could serve the request ({len(tried)} tried; epick's log says why)"
+        return _error(RequestError(last.status, message, "upstream_failed"))
 
     async def _forward(
-        self, http: web.Request, d: Decision, endpoint: Endpoint, path: str
+        self, http: web.Request, d: Decision, endpoint: Endpoint, path: str, state: _Request
     ) -> web.StreamResponse:
         assert self._session is not None
         dropped = _dropped(http.headers, _NOT_FORWARDED)
@@ -212,14 +234,21 @@ class Proxy:
         )
         url = f"http://{endpoint.host_port}{path}"
         response = Response(d.request.request_id, streaming=d.request.body.stream)
+        first_byte = self.options.first_byte_timeout
         try:
-            upstream = await self._session.post(url, data=d.body, headers=headers, timeout=timeout)
-        except (TimeoutError, aiohttp.ClientConnectionError) as e:
+            async with asyncio.timeout(first_byte):
+                upstream = await self._session.post(url, data=d.body, headers=headers, timeout=timeout)
+        except TimeoutError:
+            reason = f"no response within {first_byte:g}s"
+            self.health.failed(endpoint.name, reason)
+            raise _AttemptFailedError(reason, 504) from None
+        except aiohttp.ClientConnectionError as e:
             reason = f"cannot connect: {type(e).__name__}: {e}"
-            self.unreachable(endpoint.name, reason)
+            self.health.unreachable(endpoint.name, reason)
             raise _AttemptFailedError(reason) from None
         try:
             if upstream.status >= 500:
+                self.health.answered(endpoint.name, upstream.status)
                 error_body = await upstream.read()
                 raise _AttemptFailedError(f"answered {upstream.status}", upstream.status, error_body)
             response.status = upstream.status
@@ -227,7 +256,7 @@ class Proxy:
             if not d.request.body.stream:
                 return await self._whole(d, endpoint, upstream, response)
             self.director.response_received(d.request, response, endpoint)
-            return await self._relay(http, d, endpoint, upstream, response)
+            return await self._relay(http, d, endpoint, upstream, response, state=state)
         finally:
             upstream.release()
 
@@ -239,7 +268,7 @@ class Proxy:
             body = await upstream.read()
         except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
             reason = f"response broke off: {type(e).__name__}: {e}"
-            self.unreachable(endpoint.name, reason)
+            self.health.unreachable(endpoint.name, reason)
             raise _AttemptFailedError(reason) from None
         self.director.response_received(d.request, response, endpoint)
         response.chunk = body
@@ -272,10 +301,13 @@ class Proxy:
         endpoint: Endpoint,
         upstream: aiohttp.ClientResponse,
         response: Response,
+        *,
+        state: _Request,
     ) -> web.StreamResponse:
         out = web.StreamResponse(status=upstream.status)
         self._copy_headers(upstream, response, endpoint, out)
         started = time.monotonic()
+        state.out = out
         try:
             await out.prepare(http)
             async for chunk in upstream.content.iter_any():
@@ -288,23 +320,38 @@ class Proxy:
         except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
             # The model server broke off mid-response: tell the client cleanly, stop choosing the endpoint.
             response.error = f"{type(e).__name__}: {e}"
-            self.unreachable(endpoint.name, f"response broke off: {response.error}")
+            self.health.unreachable(endpoint.name, f"response broke off: {response.error}")
             log.warning(
                 "response from %s broke after %.2fs: %s", endpoint.name, time.monotonic() - started, e
             )
             which = f"upstream {endpoint.name}" if self.options.expose_endpoint else "the model server"
-            event = {"error": {"message": f"{which} failed mid-response", "type": "upstream_error"}}
-            try:
-                await out.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-                await out.write_eof()
-            except (ConnectionResetError, RuntimeError):
-                pass
+            await _end_with_error(out, f"{which} failed mid-response")
         except (ConnectionResetError, asyncio.CancelledError):
-            response.error = "client disconnected"
+            past_deadline = asyncio.get_running_loop().time() >= state.deadline
+            response.error = "request deadline passed" if past_deadline else "client disconnected"
             raise
         finally:
             self.director.response_complete(d.request, response, endpoint)
         return out
+
+
+@dataclass(slots=True)
+class _Request:
+    """One client request across its attempts: its deadline (event-loop time), and the response once
+    the relay has started it (after which nothing can be retried or answered anew)."""
+
+    deadline: float
+    out: web.StreamResponse | None = None
+
+
+async def _end_with_error(out: web.StreamResponse, message: str) -> None:
+    """End a started stream with an SSE error event (what an OpenAI client reads as an error)."""
+    event = {"error": {"message": message, "type": "upstream_error"}}
+    try:
+        await out.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        await out.write_eof()
+    except (ConnectionResetError, RuntimeError):
+        pass
 
 
 def _error(e: RequestError, *, close: bool = False) -> web.Response:

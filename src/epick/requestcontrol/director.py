@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from epick.config import LoadedConfig
 from epick.datalayer.datastore import Datastore, EndpointSpec
+from epick.datalayer.health import EndpointHealth
 from epick.datalayer.rewrites import ModelRewrites
 from epick.framework import (
     BadRequestError,
@@ -77,6 +78,7 @@ class Director:
         known_models: Callable[[], set[str]] | None = None,
         observer: Observer | None = None,
         rewrites: ModelRewrites | None = None,
+        health: EndpointHealth | None = None,
     ) -> None:
         self.datastore = datastore
         self.max_body_bytes = max_body_bytes
@@ -84,6 +86,7 @@ class Director:
         self.known_models = known_models
         self.observer = observer or Observer()
         self.rewrites = rewrites or ModelRewrites()  # replaced whole on reload
+        self.health = health  # told each response's status (outlier detection)
         self.path = RequestPath(config, self.observer)
         datastore.subscribe(self._endpoint_changed)
 
@@ -167,6 +170,8 @@ class Director:
 
     # Response hooks, called by the front end as the response arrives.
     def response_received(self, request: InferenceRequest, response: Response, endpoint: Endpoint) -> None:
+        if self.health is not None and response.status:
+            self.health.answered(endpoint.name, response.status)
         for hook in self.config.hooks.response_received:
             safely(hook.response_received, request, response, endpoint)
 
