@@ -6,15 +6,19 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from epick.framework.cycle_state import CycleState
 from epick.framework.endpoint import Endpoint
 from epick.framework.errors import EndpointsFilteredError, SchedulingError
 from epick.framework.interfaces import FILTER, PICKER, SCORER, Filter, Picker, PluginTimer, Scorer
+from epick.framework.plugin import Plugin
 from epick.framework.reads import depends_on_metrics_alone
 from epick.framework.request import InferenceRequest
 from epick.framework.results import ProfileRunResult, ScoredEndpoints
 from epick.framework.trace import FilterStep, ProfileTrace, ScorerStep
+
+_E = TypeVar("_E", bound=SchedulingError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,18 +106,15 @@ class SchedulerProfile:
             trace.picker = str(self.picker.typed_name)
             trace.targets = [ep.name for ep in result.targets]
         if not result.targets:
-            raise SchedulingError(
-                f"profile {self.name!r}: picker {self.picker.typed_name} returned no endpoint",
-                profile=self.name,
-                plugin=str(self.picker.typed_name),
-            )
+            raise self._fault(SchedulingError, "picker", self.picker, "returned no endpoint")
         if not all(ep in survivors for ep in result.targets):  # identity: endpoints compare by id
-            raise SchedulingError(
-                f"profile {self.name!r}: picker {self.picker.typed_name} chose an endpoint it was not given",
-                profile=self.name,
-                plugin=str(self.picker.typed_name),
-            )
+            raise self._fault(SchedulingError, "picker", self.picker, "chose an endpoint it was not given")
         return result
+
+    def _fault(self, kind: type[_E], role: str, plugin: Plugin, what: str) -> _E:
+        """The error a plugin that broke its contract (or left nothing) ends this profile with."""
+        name = str(plugin.typed_name)
+        return kind(f"profile {self.name!r}: {role} {name} {what}", profile=self.name, plugin=name)
 
     def _filter(
         self,
@@ -133,16 +134,10 @@ class SchedulerProfile:
                 trace.filters.append(FilterStep(str(f.typed_name), [ep.name for ep in kept]))
             allowed = set(map(id, current))
             if not allowed.issuperset(map(id, kept)):
-                raise SchedulingError(
-                    f"profile {self.name!r}: filter {f.typed_name} returned an endpoint it was not given",
-                    profile=self.name,
-                    plugin=str(f.typed_name),
-                )
+                raise self._fault(SchedulingError, "filter", f, "returned an endpoint it was not given")
             if not kept:
-                raise EndpointsFilteredError(
-                    f"profile {self.name!r}: filter {f.typed_name} removed all {len(current)} endpoints",
-                    profile=self.name,
-                    plugin=str(f.typed_name),
+                raise self._fault(
+                    EndpointsFilteredError, "filter", f, f"removed all {len(current)} endpoints"
                 )
             current = kept
         return current
@@ -198,12 +193,8 @@ class SchedulerProfile:
         if timer is not None:
             timer.observe(SCORER, ws.scorer, time.perf_counter() - start)
         if len(raw) != len(endpoints):
-            raise SchedulingError(
-                f"profile {self.name!r}: scorer {ws.scorer.typed_name} returned {len(raw)} scores "
-                f"for {len(endpoints)} endpoints",
-                profile=self.name,
-                plugin=str(ws.scorer.typed_name),
-            )
+            what = f"returned {len(raw)} scores for {len(endpoints)} endpoints"
+            raise self._fault(SchedulingError, "scorer", ws.scorer, what)
         return raw
 
     def _score_traced(
