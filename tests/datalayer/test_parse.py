@@ -10,7 +10,7 @@ import time
 import aiohttp
 import pytest
 
-from epick.datalayer.engines import ENGINES, engine_names
+from epick.datalayer.engines import ENGINES, MetricSpec, UnknownEngineError, engine_names, engine_type
 from epick.datalayer.parse import MetricsParseError, parse_metrics
 from epick.framework import Metrics
 from epick.sim.engine import RequestOutput
@@ -118,11 +118,63 @@ def test_trtllm_page() -> None:
     assert (m.waiting_queue_size, m.running_requests_size, m.kv_cache_usage_percent) == (0, 5, 0.25)
 
 
-def test_engine_names_default_to_vllm() -> None:
+def test_engine_names_default_to_vllm_and_an_unknown_engine_is_named() -> None:
     assert engine_names(None) is VLLM
     assert engine_names("") is VLLM
-    assert engine_names("no-such-engine") is VLLM
     assert engine_names("sglang") is SGLANG
+    with pytest.raises(UnknownEngineError, match=r"'no-such-engine'.*known: vllm, sglang, trtllm-serve"):
+        engine_names("no-such-engine")
+
+
+def test_the_engine_label_is_llm_ds_then_gies() -> None:
+    assert (
+        engine_type({"llm-d.ai/engine-type": "sglang", "inference.networking.k8s.io/engine-type": "vllm"})
+        == "sglang"
+    )
+    assert engine_type({"inference.networking.k8s.io/engine-type": "trtllm-serve"}) == "trtllm-serve"
+    assert engine_type({}) == "vllm"
+
+
+TRITON_TRTLLM_PAGE = """\
+# TYPE nv_trt_llm_request_metrics gauge
+nv_trt_llm_request_metrics{model="ensemble",request_type="context",version="1"} 1
+nv_trt_llm_request_metrics{model="ensemble",request_type="scheduled",version="1"} 5
+nv_trt_llm_request_metrics{model="ensemble",request_type="max",version="1"} 512
+nv_trt_llm_request_metrics{model="ensemble",request_type="waiting",version="1"} 3
+# TYPE nv_trt_llm_kv_cache_block_metrics gauge
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per",model="ensemble",version="1"} 32
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max",model="ensemble",version="1"} 4096
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction",model="ensemble",version="1"} 0.25
+"""
+
+
+def test_triton_tensorrt_llm_metrics_are_selected_by_label() -> None:
+    m = parse_metrics(TRITON_TRTLLM_PAGE, ENGINES["triton-tensorrt-llm"])
+    # waiting 3 and scheduled 5, not the sum of the family; KV the fraction; blocks from their own samples
+    assert (m.waiting_queue_size, m.running_requests_size, m.kv_cache_usage_percent) == (3, 5, 0.25)
+    assert (m.cache_block_size, m.cache_num_blocks) == (32, 4096)
+
+
+def test_classic_triton_has_no_kv_metric_and_reads_as_zero() -> None:
+    page = 'nv_inference_pending_request_count{model="a"} 2\nnv_inference_exec_count{model="a"} 7\n'
+    m = parse_metrics(page, ENGINES["triton"])
+    assert (m.waiting_queue_size, m.running_requests_size, m.kv_cache_usage_percent) == (2, 7, 0.0)
+
+
+def test_sglang_cache_info_uses_its_page_labels() -> None:
+    page = (
+        "sglang:num_queue_reqs 0\nsglang:num_running_reqs 0\nsglang:token_usage 0.1\n"
+        'sglang:cache_config_info{page_size="64",num_pages="1000"} 1\n'
+    )
+    m = parse_metrics(page, SGLANG)
+    assert (m.cache_block_size, m.cache_num_blocks) == (64, 1000)
+
+
+def test_a_metric_spec_names_its_matchers_and_refuses_garbage() -> None:
+    spec = MetricSpec.parse('fam{a=x, b="y"}')
+    assert spec == MetricSpec("fam", (("a", "x"), ("b", "y"))) and str(spec) == "fam{a=x,b=y}"
+    with pytest.raises(ValueError, match="not a label=value matcher"):
+        MetricSpec.parse("fam{a}")
 
 
 def test_a_page_of_another_engine_is_missing_metrics() -> None:

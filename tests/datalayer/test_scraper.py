@@ -248,10 +248,24 @@ async def test_unreachable_endpoint_becomes_unhealthy(
 
 async def test_engine_label_chooses_the_metric_names() -> None:
     ds = Datastore()
-    for engine in ("sglang", "trtllm-serve", "vllm"):
+    for engine in ("sglang", "trtllm-serve", "triton-tensorrt-llm", "vllm"):
         spec = spec_for("127.0.0.1:1", engine, **{ENGINE_LABEL: engine})
         assert Scraper(spec, ds).names is ENGINES[engine]
     assert Scraper(spec_for("127.0.0.1:1"), ds).names is ENGINES["vllm"]
+
+
+async def test_an_unknown_engine_fails_every_scrape_with_its_name_and_leaves_the_candidates(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ds = Datastore()
+    spec = spec_for("127.0.0.1:1", "odd", **{ENGINE_LABEL: "tgi"})
+    ds.upsert(spec)
+    scraper = Scraper(spec, ds)
+    for _ in range(3):
+        await scraper.scrape_once()
+    assert not ds.is_healthy("odd")
+    [warning] = warnings_about(caplog, "odd")
+    assert "engine type 'tgi'" in warning and "known: vllm" in warning
 
 
 async def test_sglang_endpoint_scraped_with_sglang_names(

@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from epick.datalayer.engines import EngineMetricNames
+from epick.datalayer.engines import EngineMetricNames, MetricSpec
 from epick.framework import Metrics
 
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -83,40 +83,49 @@ def _sample(name: str, line: str) -> _Sample:
         raise MetricsParseError(f"{name} has value {rest[0]!r}, not a number") from None
 
 
+def _find(text: str, spec: MetricSpec) -> list[_Sample]:
+    """The samples of `spec`'s family that its label matchers select."""
+    samples = _scan(text, spec.name)
+    return [x for x in samples if spec.matches(x.labels)] if spec.labels else samples
+
+
 def parse_metrics(text: str, names: EngineMetricNames, *, update_time: float | None = None) -> Metrics:
     """The scheduler's view of one endpoint from its /metrics page. Raises `MetricsParseError`."""
-    found = {name: samples for name in (names.waiting, names.running) if (samples := _scan(text, name))}
-    missing = [n for n in (names.waiting, names.running) if n not in found]
-    kv_name = None
-    for candidate in names.kv_usage:  # the first name present wins: the newer one is tried first
-        if samples := _scan(text, candidate):
-            found[kv_name := candidate] = samples
+    waiting_samples = _find(text, names.waiting)
+    running_samples = _find(text, names.running)
+    required = ((names.waiting, waiting_samples), (names.running, running_samples))
+    missing = [str(spec) for spec, found in required if not found]
+    kv_samples: list[_Sample] = []
+    kv_spec = None
+    for candidate in names.kv_usage:  # the first one present wins: the newer name is tried first
+        if samples := _find(text, candidate):
+            kv_samples, kv_spec = samples, candidate
             break
-    if kv_name is None:
-        missing.append(" or ".join(names.kv_usage))
-    if missing or kv_name is None:
+    if names.kv_usage and kv_spec is None:
+        missing.append(" or ".join(str(k) for k in names.kv_usage))
+    if missing:
         raise MetricsParseError(f"missing metrics: {', '.join(missing)}")
-    for optional in (names.lora_info, names.cache_info):
-        if optional and (samples := _scan(text, optional)):
-            found[optional] = samples
-    waiting = _sum(found[names.waiting], names.waiting)
-    running = _sum(found[names.running], names.running)
-    kv = max(_values(found[kv_name], kv_name))
+    waiting = _sum(waiting_samples, str(names.waiting))
+    running = _sum(running_samples, str(names.running))
+    kv = max(_values(kv_samples, str(kv_spec))) if kv_spec is not None else 0.0  # no KV metric: 0
     if kv > 1.0:  # some servers report percent
         kv = kv / 100.0 if kv <= 100.0 else 1.0
     active: frozenset[str] = frozenset()
     waiting_models: frozenset[str] = frozenset()
     max_models = 0
-    if names.lora_info and names.lora_info in found:
-        latest = max(found[names.lora_info], key=lambda s: s.value)
+    if names.lora_info is not None and (lora := _find(text, names.lora_info)):
+        latest = max(lora, key=lambda s: s.value)
         active = _adapters(latest.labels.get("running_lora_adapters", ""))
         waiting_models = _adapters(latest.labels.get("waiting_lora_adapters", ""))
-        max_models = _int_label(latest.labels, "max_lora", names.lora_info)
+        max_models = _int_label(latest.labels, "max_lora", names.lora_info.name)
     block_size = num_blocks = 0
-    if names.cache_info and names.cache_info in found:
-        info = found[names.cache_info][0].labels
-        block_size = _int_label(info, "block_size", names.cache_info)
-        num_blocks = _int_label(info, "num_gpu_blocks", names.cache_info)
+    if names.cache_info is not None and (info := _find(text, names.cache_info)):
+        block_size = _int_label(info[0].labels, names.cache_block_size_label, names.cache_info.name)
+        num_blocks = _int_label(info[0].labels, names.cache_num_blocks_label, names.cache_info.name)
+    if names.cache_block_size is not None and (size := _find(text, names.cache_block_size)):
+        block_size = int(_values(size, str(names.cache_block_size))[0])
+    if names.cache_num_blocks is not None and (count := _find(text, names.cache_num_blocks)):
+        num_blocks = int(_values(count, str(names.cache_num_blocks))[0])
     return Metrics(
         waiting_queue_size=int(waiting),
         running_requests_size=int(running),

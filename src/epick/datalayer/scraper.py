@@ -15,7 +15,7 @@ import logging
 import time
 
 from epick.datalayer.datastore import Datastore, EndpointSpec
-from epick.datalayer.engines import ENGINE_LABEL, engine_names
+from epick.datalayer.engines import EngineMetricNames, UnknownEngineError, engine_names, engine_type
 from epick.datalayer.http import HTTPError, MetricsClient
 from epick.datalayer.parse import MetricsParseError, parse_metrics
 
@@ -38,7 +38,14 @@ class Scraper:
         self.interval = interval
         self.client = MetricsClient(spec.address, spec.port, path, timeout)
         self.url = f"http://{spec.host_port}{path}"
-        self.names = engine_names(spec.labels.get(ENGINE_LABEL))
+        # An engine epick cannot read: every scrape fails with this (named, logged once), and the
+        # endpoint leaves the candidates as any endpoint whose metrics cannot be read.
+        self.names: EngineMetricNames | None = None
+        self.engine_error: str | None = None
+        try:
+            self.names = engine_names(engine_type(spec.labels))
+        except UnknownEngineError as e:
+            self.engine_error = str(e)
         self.unhealthy_after = unhealthy_after
         self.last_error: str | None = None
         self.scrapes = 0
@@ -59,6 +66,8 @@ class Scraper:
     async def scrape_once(self) -> None:
         started = time.time()
         try:
+            if self.names is None:
+                raise MetricsParseError(self.engine_error or "no engine")
             status, text = await self.client.get()
             if status != 200:
                 raise MetricsParseError(f"HTTP {status}")
