@@ -73,7 +73,8 @@ CASES = [
         "apiVersion",
         "'v1' is not allowed here",
         "use 'inference.networking.x-k8s.io/v1alpha1', "
-        "'config.apix.gateway-api-inference-extension.sigs.k8s.io/v1alpha1' or 'llm-d.ai/v1alpha1'",
+        "'config.apix.gateway-api-inference-extension.sigs.k8s.io/v1alpha1', 'llm-d.ai/v1alpha1' "
+        "or 'llm-d.ai/v1'",
         raw=True,
     ),
     Bad(

@@ -3,7 +3,6 @@ closest allowed field for a misspelt one, the fields a plugin's parameters take)
 
 from __future__ import annotations
 
-import difflib
 import typing
 from collections.abc import Sequence
 from typing import Any
@@ -11,6 +10,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from epick.config.errors import ConfigIssue
+from epick.config.suggest import did_you_mean
+
+# The error type of a check in `epick.config.schema` that words its own issue: `ctx` holds
+# `message` and `fix`.
+CONFIG_ISSUE = "config_issue"
 
 
 def _render_loc(loc: Sequence[int | str]) -> str:
@@ -57,11 +61,14 @@ def _issue_from_pydantic(err: Any, root: type[BaseModel], prefix: str = "") -> C
     if kind == "extra_forbidden":
         model = _model_at(root, loc[:-1])
         allowed = _field_names(model) if model else []
-        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-        fix = f"did you mean '{close[0]}'?" if close else "remove it"
+        close = did_you_mean(str(loc[-1]), allowed)
+        fix = f"did you mean '{close}'?" if close else "remove it"
         if allowed:
             fix += f" (allowed here: {', '.join(allowed)})"
         return ConfigIssue(path, f"unknown field '{loc[-1]}'", fix)
+    if kind == CONFIG_ISSUE:
+        ctx = err.get("ctx", {})
+        return ConfigIssue(path, str(ctx.get("message", err.get("msg", ""))), str(ctx.get("fix", "")))
     if kind == "missing":
         return ConfigIssue(path, f"required field '{loc[-1]}' is missing", f"add '{loc[-1]}'")
     if kind == "literal_error":

@@ -4,11 +4,14 @@ Two phases, as the Go EPP's loader: (1) parse, default and validate the document
 plugins and assemble profiles and handler. Every problem of a phase is collected before failing, each
 naming its path in the file and a fix; nothing half-built is ever returned. The result is a
 `LoadedConfig` (`epick.config.loaded`); `epick.config.issues` words the validation errors.
+
+A plugin type epick lacks but the upstream EPP registers (`epick.config.upstream`) is reported as
+such, with its upstream origin; a did-you-mean never names a plugin of the opposite meaning
+(`epick.config.suggest`).
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 import random
 from pathlib import Path
@@ -28,7 +31,10 @@ from epick.config.schema import (
     PluginEntry,
     PluginRef,
     ProfileEntry,
+    split_feature_gate,
 )
+from epick.config.suggest import did_you_mean
+from epick.config.upstream import EQUIVALENT_FIXES, UPSTREAM_TYPES, feature_gate, upstream_type
 from epick.framework import (
     Filter,
     Picker,
@@ -155,8 +161,8 @@ class _Handle:
     def plugin(self, name: str) -> Plugin:
         if name not in self._builder.entries:
             known = list(self._builder.entries)
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f"did you mean '{close[0]}'?" if close else f"name one of: {', '.join(known) or 'none'}"
+            close = did_you_mean(name, known)
+            hint = f"did you mean '{close}'?" if close else f"name one of: {', '.join(known) or 'none'}"
             raise LookupError(name, hint)
         plugin = self._builder.instantiate(name)
         if plugin is None:
@@ -210,10 +216,7 @@ class _Builder:
             if getattr(self.doc, section) is not None:
                 key = EndpointPickerConfigFile.model_fields[section].alias or section
                 self.warnings.append(f"section '{key}' is accepted but not used: {why}")
-        if self.doc.feature_gates:
-            self.warnings.append(
-                f"feature gates are accepted but not used: {', '.join(self.doc.feature_gates)}"
-            )
+        self._feature_gate_warnings()
         # Phase 2: build every plugin (also when phase 1 found problems, to report all at once),
         # then assemble.
         for name in self.entries:
@@ -254,14 +257,62 @@ class _Builder:
                 )
                 continue
             if entry.type not in self.registry:
-                close = difflib.get_close_matches(entry.type, self.registry.types(), n=1)
-                fix = f"did you mean '{close[0]}'?" if close else "use a registered type"
-                fix += f" (run 'epick plugins' to list them; {len(self.registry.types())} are registered)"
+                message, fix = self._unknown_type(entry.type)
                 if self.load_failures:
                     fix += "; note: " + "; ".join(self.load_failures)
-                self.fail(f"{path}.type", f"unknown plugin type {entry.type!r}", fix)
+                self.fail(f"{path}.type", message, fix)
                 self._failed.add(name)
             self.entries[name] = (i, entry)
+
+    def _unknown_type(self, type_name: str) -> tuple[str, str]:
+        """The error and fix for a type epick's registry lacks: an upstream type epick does not
+        implement yet, or an unknown one with the closest registered type."""
+        upstream = upstream_type(type_name)
+        if upstream is not None:
+            notes = [upstream.origin]
+            if upstream.deprecated:
+                since, replacement = upstream.deprecated_in, upstream.replacement
+                notes.append(f"deprecated upstream since {since}, replaced by {replacement!r}")
+            if upstream.test_only:
+                notes.append("registered upstream for its conformance tests only")
+            message = (
+                f"plugin type {type_name!r} is an upstream EPP {upstream.kind} ({'; '.join(notes)}) "
+                "that epick does not implement yet"
+            )
+            if upstream.replacement and upstream.replacement in self.registry:
+                fix = f"use {upstream.replacement!r}, its upstream replacement, which epick has"
+            else:
+                fix = EQUIVALENT_FIXES.get(type_name, "see docs/plugins.md for the upstream types epick has")
+            return message, fix
+        types = self.registry.types()
+        close = did_you_mean(type_name, types)
+        if close is not None:
+            fix = f"did you mean '{close}'?"
+        else:
+            lacking = [t.name for t in UPSTREAM_TYPES if t.name not in self.registry]
+            near = did_you_mean(type_name, lacking)
+            near_type = upstream_type(near) if near is not None else None
+            if near_type is not None:
+                fix = (
+                    f"the closest name is {near_type.name!r}, an upstream EPP {near_type.kind} that epick "
+                    "does not implement yet; use a registered type"
+                )
+            else:
+                fix = "use a registered type"
+        fix += f" (run 'epick plugins' to list them; {len(types)} are registered)"
+        return f"unknown plugin type {type_name!r}", fix
+
+    def _feature_gate_warnings(self) -> None:
+        """Schema validation let only upstream's gates through; epick acts on none of them."""
+        for entry in self.doc.feature_gates:
+            name, _ = split_feature_gate(entry)
+            gate = feature_gate(name)
+            assert gate is not None
+            default = "on" if gate.enabled_by_default else "off"
+            self.warnings.append(
+                f"feature gate {entry!r} is accepted but not used: epick does not act on it "
+                f"(upstream, {name} enables {gate.enables}; {default} by default)"
+            )
 
     def _check_profiles_refs(self) -> None:
         seen: dict[str, int] = {}
@@ -282,8 +333,8 @@ class _Builder:
             for j, ref in enumerate(profile.plugins):
                 rpath = f"{path}.plugins[{j}]"
                 if ref.plugin_ref not in self.entries:
-                    close = difflib.get_close_matches(ref.plugin_ref, list(self.entries), n=1)
-                    fix = f"did you mean '{close[0]}'?" if close else "define it under 'plugins' first"
+                    close = did_you_mean(ref.plugin_ref, self.entries)
+                    fix = f"did you mean '{close}'?" if close else "define it under 'plugins' first"
                     self.fail(f"{rpath}.pluginRef", f"refers to undefined plugin {ref.plugin_ref!r}", fix)
                 elif ref.plugin_ref in refs:
                     self.fail(

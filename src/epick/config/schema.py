@@ -1,17 +1,76 @@
-"""The `EndpointPickerConfig` document, as the Go EPP and llm-d write it. Parsed strictly."""
+"""The `EndpointPickerConfig` document, as the Go EPP and llm-d write it. Parsed strictly.
+
+`featureGates` entries are checked as upstream's loader checks them (llm-d/llm-d-router,
+pkg/epp/config/loader/validation.go, `validateFeatureGates`): `name` or `name=<bool>`, the name one
+of the gates upstream registers (`epick.config.upstream.FEATURE_GATES`), the value one that Go's
+`strconv.ParseBool` takes after trimming and lower-casing.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import typing
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
-# The GIE's older and current groups, and llm-d's.
-API_VERSIONS = (
+from epick.config.issues import CONFIG_ISSUE
+from epick.config.suggest import did_you_mean
+from epick.config.upstream import FEATURE_GATES, retired_feature_gate
+
+# GIE's older group and the one it used later, and llm-d's: v1alpha1, which upstream's loader
+# decodes today (llm-d/llm-d-router, apix/config/v1alpha1), and v1.
+ApiVersion = Literal[
     "inference.networking.x-k8s.io/v1alpha1",
     "config.apix.gateway-api-inference-extension.sigs.k8s.io/v1alpha1",
     "llm-d.ai/v1alpha1",
-)
+    "llm-d.ai/v1",
+]
+API_VERSIONS: tuple[str, ...] = typing.get_args(ApiVersion)
+
+# What Go's strconv.ParseBool accepts once upstream has trimmed and lower-cased the value.
+_GATE_VALUES = {"1": True, "t": True, "true": True, "0": False, "f": False, "false": False}
+
+
+def split_feature_gate(entry: str) -> tuple[str, bool]:
+    """A `featureGates` entry's gate name and value (a bare name is `=true`), as upstream reads it."""
+    parts = entry.split("=")
+    if len(parts) == 1:
+        return parts[0], True
+    return parts[0], _GATE_VALUES[parts[1].strip().lower()]
+
+
+def _check_feature_gate(entry: str) -> str:
+    parts = entry.split("=")
+    name = parts[0]
+    known = [g.name for g in FEATURE_GATES]
+    if name not in known:
+        listed = f"known gates: {', '.join(known)}"
+        retired = retired_feature_gate(name)
+        if retired is not None:
+            message = (
+                f"feature gate {name!r} is no longer an upstream gate: it {retired.did}; upstream removed "
+                f"it in {retired.removed_in} ({retired.change})"
+            )
+            fix = f"remove it ({listed})"
+        else:
+            message = f"unknown feature gate {name!r}"
+            close = did_you_mean(name, known)
+            fix = f"did you mean {close!r}? ({listed})" if close else f"remove it, or use one of the {listed}"
+        raise PydanticCustomError(CONFIG_ISSUE, "{message}", {"message": message, "fix": fix})
+    if len(parts) > 1 and parts[1].strip().lower() not in _GATE_VALUES:
+        raise PydanticCustomError(
+            CONFIG_ISSUE,
+            "{message}",
+            {
+                "message": f"{parts[1]!r} is not a valid value for feature gate {name!r}",
+                "fix": f"write '{name}', '{name}=true' or '{name}=false'",
+            },
+        )
+    return entry
+
+
+FeatureGateEntry = Annotated[str, AfterValidator(_check_feature_gate)]
 
 
 class _Strict(BaseModel):
@@ -51,15 +110,11 @@ class SaturationDetectorSection(_Strict):
 
 
 class EndpointPickerConfigFile(_Strict):
-    api_version: Literal[
-        "inference.networking.x-k8s.io/v1alpha1",
-        "config.apix.gateway-api-inference-extension.sigs.k8s.io/v1alpha1",
-        "llm-d.ai/v1alpha1",
-    ] = Field(alias="apiVersion")
+    api_version: ApiVersion = Field(alias="apiVersion")
     kind: Literal["EndpointPickerConfig"]
     plugins: list[PluginEntry] = Field(default_factory=list)
     scheduling_profiles: list[ProfileEntry] = Field(default_factory=list, alias="schedulingProfiles")
-    feature_gates: list[str] = Field(default_factory=list, alias="featureGates")
+    feature_gates: list[FeatureGateEntry] = Field(default_factory=list, alias="featureGates")
     saturation_detector: SaturationDetectorSection | None = Field(default=None, alias="saturationDetector")
     # Sections of the Go EPP's format that epick accepts but does not act on (reported as warnings).
     data: dict[str, Any] | None = None
