@@ -9,7 +9,7 @@
   complete exactly once. A smaller number go through a real ext_proc server on a raw gRPC client, with
   undecodable messages and non-gRPC bytes besides: the server keeps serving.
 
-Inputs that trip a known bug are kept out of the generated ones and pinned, as xfail, at the end.
+Inputs that once tripped a bug are pinned as regression tests at the end.
 """
 
 from __future__ import annotations
@@ -754,7 +754,6 @@ LONG_NUMBER_BUG = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason=LONG_NUMBER_BUG + ": the proxy answers 500 'internal error in epick'")
 async def test_a_number_too_long_for_python_is_a_400_from_the_proxy(
     fuzz_service: Service, http: aiohttp.ClientSession
 ) -> None:
@@ -764,11 +763,6 @@ async def test_a_number_too_long_for_python_is_a_400_from_the_proxy(
         assert (r.status, error["code"]) == (400, "bad_request"), (r.status, error)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason=LONG_NUMBER_BUG + ": Exchange.handle raises, the ext_proc stream dies",
-)
 def test_a_number_too_long_for_python_is_a_400_from_ext_proc() -> None:
     exchange = routed_exchange()
     (answer,) = exchange.handle(
@@ -777,12 +771,6 @@ def test_a_number_too_long_for_python_is_a_400_from_ext_proc() -> None:
     assert answer.immediate_response.status.code == 400
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="bug: Exchange._response_headers (extproc/exchange.py) reads :status with int() unguarded; a "
-    "non-numeric :status raises ValueError out of Exchange.handle (Envoy itself sends numeric ones)",
-)
 def test_a_non_numeric_status_does_not_break_the_exchange() -> None:
     exchange = routed_exchange()
     exchange.handle(ROUTABLE_BODY)
@@ -791,11 +779,6 @@ def test_a_non_numeric_status_does_not_break_the_exchange() -> None:
     assert [a.WhichOneof("response") for a in answers] == ["response_headers"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a second request_headers on one ext_proc stream is routed again (Exchange._request_headers, "
-    "extproc/exchange.py): the first decision is never reported complete, so in-flight counts leak",
-)
 def test_a_second_request_headers_does_not_leak_the_first_request() -> None:
     # Routed on its body; then headers again, with end_of_stream: routed a second time, on the body kept.
     with Accounting() as accounting:
@@ -804,12 +787,6 @@ def test_a_second_request_headers_does_not_leak_the_first_request() -> None:
     assert accounting.each_completed_once(), (len(accounting.decided), len(accounting.completed))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: Proxy._handle (proxy/server.py) does not catch aiohttp's RequestPayloadError from "
-    "http.read(): a body its Content-Encoding (gzip, deflate) cannot decode gets 500 'internal error in "
-    "epick' and an 'Unhandled exception' traceback in the log, not a 400",
-)
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
 async def test_a_body_its_content_encoding_cannot_decode_is_a_400(
     fuzz_service: Service, http: aiohttp.ClientSession, encoding: str

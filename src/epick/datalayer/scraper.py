@@ -79,6 +79,7 @@ class Scraper:
             HTTPError,
             MetricsParseError,
             ValueError,
+            asyncio.LimitOverrunError,  # a response head longer than the client reads
             OverflowError,
         ) as e:
             self.failures += 1

@@ -135,6 +135,11 @@ class Exchange:
     # The request.
 
     def _request_headers(self, message: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
+        if self.decision is not None or self.headers:
+            # One stream is one request: a second set of request headers breaks the protocol.
+            return self._fail(
+                RequestError(400, "a second set of request headers on one ext_proc stream", "bad_stream")
+            )
         self.headers = messages.headers_of(message)
         if message.end_of_stream:  # no body will follow
             return self._route(phase="headers", more=False)
@@ -243,7 +248,8 @@ class Exchange:
         if d is None:
             return answer
         headers = messages.headers_of(message)
-        status = int(headers.get(":status", "200") or 200)
+        raw_status = headers.get(":status", "")
+        status = int(raw_status) if raw_status.isdigit() else 0  # 0: not known
         streaming = d.request.body.stream
         self.response = Response(d.request.request_id, status=status, headers=headers, streaming=streaming)
         self.director.response_received(d.request, self.response, self.endpoint)

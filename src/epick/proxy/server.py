@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from epick.datalayer.datastore import Datastore
 from epick.datalayer.health import EndpointHealth
@@ -163,6 +164,8 @@ class Proxy:
         except web.HTTPRequestEntityTooLarge:
             # The rest of the body is never read: the connection cannot carry another request.
             return _error(errors.too_large(None, self.options.max_body_bytes), close=True)
+        except RequestPayloadError as e:  # a body its Content-Encoding cannot decode
+            return _error(errors.bad_request(f"request body cannot be decoded: {e}"), close=True)
         except TimeoutError:
             timeout = self.options.body_timeout
             message = f"request body incomplete after {timeout:g}s (Content-Length longer than the body?)"

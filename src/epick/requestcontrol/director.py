@@ -117,6 +117,8 @@ class Director:
             raise errors.bad_request(f"request body is not valid JSON: {e}") from None
         except RecursionError:
             raise errors.bad_request("request body is not valid JSON: nested too deeply") from None
+        except ValueError as e:  # e.g. a number of more digits than Python converts
+            raise errors.bad_request(f"request body cannot be read as JSON: {e}") from None
         if not isinstance(raw, dict):
             raise errors.bad_request("request body must be a JSON object")
         if b"\\ud" in body or b"\\uD" in body:  # an escaped surrogate: is every one paired?
