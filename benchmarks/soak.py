@@ -40,7 +40,6 @@ import json
 import os
 import random
 import signal
-import socket
 import string
 import subprocess
 import sys
@@ -51,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from bench_service import consecutive_ports, free_ports
 
 EPICK = [sys.executable, "-m", "epick.cli.main"]
 SAMPLE_EVERY_S = 10.0
@@ -74,32 +74,6 @@ def _die_with_parent() -> None:
     """In the child, before exec: get SIGTERM when this process dies (Linux), even by SIGKILL."""
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def consecutive_ports(n: int) -> int:
-    """A base port such that base .. base + n - 1 are free on loopback (sim-server uses PORT + i)."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 60000 - n)
-        socks: list[socket.socket] = []
-        try:
-            for i in range(n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free run of ports")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Processes:
@@ -421,7 +395,7 @@ def main() -> int:
     procs = Processes()
     try:
         sim_base = consecutive_ports(args.servers)
-        proxy_port = free_port()
+        (proxy_port,) = free_ports(1)
         sims = ",".join(f"127.0.0.1:{sim_base + i}" for i in range(args.servers))
         sim_cmd = [*EPICK, "sim-server", "--port", str(sim_base), "--count", str(args.servers),
                    "--time-scale", "1000", "--seed", str(args.seed)]  # fmt: skip
