@@ -29,10 +29,16 @@ Matcher = Callable[[Json], bool]
 POOL_V1 = ("inference.networking.k8s.io", "v1")
 POOL_V1ALPHA2 = ("inference.networking.x-k8s.io", "v1alpha2")
 PODS = "pods"
+REWRITES_GIE = ("inference.networking.x-k8s.io", "v1alpha2")
+REWRITES_LLMD = ("llm-d.ai", "v1alpha2")
 
 
 def _pool_resource(group: str, version: str) -> str:
     return f"{group}/{version}/inferencepools"
+
+
+def _rewrite_resource(group: str, version: str) -> str:
+    return f"{group}/{version}/inferencemodelrewrites"
 
 
 # label selectors
@@ -167,6 +173,8 @@ class FakeApiServer:
     def __init__(self) -> None:
         self.url = ""
         self.served_pool_versions: set[tuple[str, str]] = {POOL_V1, POOL_V1ALPHA2}
+        self.served_rewrite_versions: set[tuple[str, str]] = {REWRITES_GIE, REWRITES_LLMD}
+        self.forbidden_rewrite_versions: set[tuple[str, str]] = set()
         self.gone_as_event = False
         self.timeout_scale = 1.0
         self.requests: list[tuple[str, dict[str, str]]] = []  # (path, query) of every request
@@ -186,6 +194,7 @@ class FakeApiServer:
         app.router.add_get("/api/v1/namespaces/{ns}/pods", self._pods)
         app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/inferencepools", self._pools)
         app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/inferencepools/{name}", self._pool)
+        app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/inferencemodelrewrites", self._rewrites)
         app.router.add_route("*", "/{tail:.*}", self._not_found)
         app.middlewares.append(self._record)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
@@ -310,6 +319,33 @@ class FakeApiServer:
     def delete_pool(self, name: str, *, namespace: str = "default", version: str = "v1") -> None:
         group = POOL_V1[0] if version == "v1" else POOL_V1ALPHA2[0]
         self._delete(_pool_resource(group, version), namespace, name)
+
+    def put_rewrite(
+        self,
+        name: str,
+        spec: Json,
+        *,
+        namespace: str = "default",
+        api: tuple[str, str] = REWRITES_GIE,
+        created: str = "2025-01-01T00:00:00Z",
+    ) -> Json:
+        """Create or update an InferenceModelRewrite (the spec is stored as given, valid or not)."""
+        resource = _rewrite_resource(*api)
+        key = (resource, namespace, name)
+        obj = copy.deepcopy(self._objects[key]) if key in self._objects else None
+        if obj is None:
+            obj = {
+                "apiVersion": f"{api[0]}/{api[1]}",
+                "kind": "InferenceModelRewrite",
+                "metadata": {"name": name, "namespace": namespace, "creationTimestamp": created},
+            }
+        obj["spec"] = copy.deepcopy(spec)
+        return self._put(resource, namespace, name, obj)
+
+    def delete_rewrite(
+        self, name: str, *, namespace: str = "default", api: tuple[str, str] = REWRITES_GIE
+    ) -> None:
+        self._delete(_rewrite_resource(*api), namespace, name)
 
     def expire_history(self) -> None:
         """Forget the event log, as compaction does: a watch from any resourceVersion handed out so far is
@@ -450,6 +486,26 @@ class FakeApiServer:
         resource = _pool_resource(group, version)
         return await self._list_or_watch(
             request, resource, ns, matches, list_kind="InferencePoolList", api_version=f"{group}/{version}"
+        )
+
+    async def _rewrites(self, request: web.Request) -> web.StreamResponse:
+        group, version, ns = (request.match_info[k] for k in ("group", "version", "ns"))
+        if (group, version) not in self.served_rewrite_versions:
+            return _error(404, "NotFound", "the server could not find the requested resource")
+        if (group, version) in self.forbidden_rewrite_versions:
+            return _error(
+                403,
+                "Forbidden",
+                f'inferencemodelrewrites.{group} is forbidden: User "system:serviceaccount:default:epp" '
+                f'cannot list resource "inferencemodelrewrites" in API group "{group}"',
+            )
+        return await self._list_or_watch(
+            request,
+            _rewrite_resource(group, version),
+            ns,
+            lambda obj: True,
+            list_kind="InferenceModelRewriteList",
+            api_version=f"{group}/{version}",
         )
 
     async def _pool(self, request: web.Request) -> web.Response:

@@ -23,7 +23,7 @@ from epick.datalayer.discovery.kubernetes import KubernetesDiscovery
 from epick.datalayer.discovery.static import DiscoveryError, load_endpoints_file, parse_endpoints_flag
 from epick.datalayer.health import EndpointHealth, OutlierPolicy
 from epick.datalayer.models import ModelCatalog
-from epick.datalayer.rewrites import ModelRewrites, RewriteError, for_pool, parse_rewrites
+from epick.datalayer.rewrites import ModelRewrites, Rewrite, RewriteError, for_pool, parse_rewrites
 from epick.datalayer.scraper import ScraperPool
 from epick.extproc.server import ExtProcOptions, ExtProcServer
 from epick.extproc.tls import TlsFileError
@@ -43,6 +43,8 @@ class KubernetesOptions:
     selector: str | None = None
     target_ports: tuple[int, ...] = ()
     kubeconfig: str | None = None
+    # With a pool: watch the InferenceModelRewrites whose poolRef names it (beside any rewrites file).
+    watch_rewrites: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +169,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="InferenceModelRewrite resources (YAML): model renames and weighted splits (reloaded on SIGHUP)",
     )
     p.add_argument(
+        "--watch-model-rewrites",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --pool-name: also follow the pool's InferenceModelRewrite resources in the cluster",
+    )
+    p.add_argument(
         "--expose-endpoint",
         action="store_true",
         help="proxy: name the serving endpoint (x-epick-endpoint) and failed ones in error bodies",
@@ -203,6 +211,7 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
                 selector=args.endpoint_selector,
                 target_ports=ports if args.endpoint_selector else (),
                 kubeconfig=args.kubeconfig,
+                watch_rewrites=args.watch_model_rewrites,
             )
         objectives = []
         for item in args.objective:
@@ -276,6 +285,9 @@ class Service:
         self.scrapers = ScraperPool(self.datastore, interval=options.refresh_metrics_interval)
         self.catalog = ModelCatalog(self.datastore)
         self.health = EndpointHealth(self.datastore, options.outliers)
+        self._rewrite_rng = random.Random(options.seed)  # one stream of weighted picks across reloads
+        self._file_rewrites = self._load_rewrites()
+        self._cluster_rewrites: list[Rewrite] = []
         self.director = Director(
             self._prepare(self.config),
             self.datastore,
@@ -284,7 +296,7 @@ class Service:
             objectives=dict(options.objectives),
             known_models=self.catalog.known,
             observer=self.metrics,
-            rewrites=self._load_rewrites(),
+            rewrites=self._rewrites(),
             health=self.health,
         )
         self.proxy = (
@@ -304,16 +316,25 @@ class Service:
                 selector=k8s.selector,
                 target_ports=list(k8s.target_ports) or None,
                 kubeconfig=k8s.kubeconfig,
+                on_rewrites=self._cluster_rewrites_changed if k8s.pool and k8s.watch_rewrites else None,
             )
 
     def _load(self, previous: LoadedConfig | None = None) -> LoadedConfig:
         return load_config(self.options.config_file, seed=self.options.seed, previous=previous)
 
-    def _load_rewrites(self) -> ModelRewrites:
+    def _rewrites(self) -> ModelRewrites:
+        """The rewrites in force: the file's and the cluster's, under GIE's precedence."""
+        return ModelRewrites((*self._file_rewrites, *self._cluster_rewrites), self._rewrite_rng)
+
+    def _cluster_rewrites_changed(self, rewrites: list[Rewrite]) -> None:
+        self._cluster_rewrites = rewrites
+        self.director.rewrites = self._rewrites()
+
+    def _load_rewrites(self) -> list[Rewrite]:
         """The rewrites file's resources for this pool; raises `RewriteError` naming what is wrong."""
         path = self.options.model_rewrites_file
         if path is None:
-            return ModelRewrites()
+            return []
         try:
             with open(path, encoding="utf-8") as f:
                 documents = list(yaml.safe_load_all(f))
@@ -323,7 +344,7 @@ class Service:
         kept = for_pool(found, self.options.rewrites_pool)
         for skipped in sorted({r.name for r in found} - {r.name for r in kept}):
             log.warning("%s: %s %r names another pool; skipped", path, "InferenceModelRewrite", skipped)
-        return ModelRewrites(tuple(kept), random.Random(self.options.seed))
+        return kept
 
     def _prepare(self, config: LoadedConfig) -> LoadedConfig:
         config.scheduler.timer = self.metrics
@@ -343,7 +364,7 @@ class Service:
         and log why."""
         try:
             fresh = self._load(previous=self.director.config)  # unchanged plugins keep their state
-            rewrites = self._load_rewrites()
+            file_rewrites = self._load_rewrites()
         except ConfigError as e:
             for issue in e.issues:
                 log.error("config reload refused, keeping the running config: %s", issue.render(e.source))
@@ -352,7 +373,8 @@ class Service:
             log.error("reload refused, keeping the running config and rewrites: %s", e)
             return False
         self.director.replace_config(self._prepare(fresh))
-        self.director.rewrites = rewrites
+        self._file_rewrites = file_rewrites
+        self.director.rewrites = self._rewrites()
         log.info("config reloaded from %s", self.options.config_file or "<default config>")
         return True
 

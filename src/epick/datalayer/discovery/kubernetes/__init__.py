@@ -15,9 +15,11 @@ Each collection is listed once, then watched from the list's resourceVersion. A 
 expired (410 Gone) re-lists and replaces the endpoints. Errors are retried with a backoff (logged once a
 streak, and once on recovery); the background tasks end only with `stop()`.
 
+Asked to (`on_rewrites`), it also follows the pool's InferenceModelRewrite resources.
+
 The modules: `discovery` (`KubernetesDiscovery`, which ties the others together), `client` (building the
-API client), `pool` (InferencePools, selectors, pods as endpoints), `reflector` (list and watch), `api`
-(the API server's JSON and errors).
+API client), `pool` (InferencePools, selectors, pods as endpoints), `rewrites` (InferenceModelRewrites),
+`reflector` (list and watch), `api` (the API server's JSON and errors).
 """
 
 from epick.datalayer.discovery.kubernetes.api import Json

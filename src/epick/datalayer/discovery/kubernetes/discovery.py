@@ -28,6 +28,7 @@ from epick.datalayer.discovery.kubernetes.pool import (
     endpoints_of,
 )
 from epick.datalayer.discovery.kubernetes.reflector import Reflector, _Collection
+from epick.datalayer.discovery.kubernetes.rewrites import RewritesHandler, RewriteWatch
 from epick.datalayer.discovery.static import DiscoveryError
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,9 @@ class KubernetesDiscovery:
     served on `target_ports`, default [8000]). Without `api_client`, the configuration is loaded at
     `start()`: from `kubeconfig` when given, else in-cluster when KUBERNETES_SERVICE_HOST is set, else the
     default kubeconfig; a client made here is closed by `stop()`, one passed in is left open.
+
+    With `on_rewrites` (and a pool), the InferenceModelRewrites whose poolRef names the pool are watched
+    too, and `on_rewrites` gets the whole set after every change (first before `start()` returns).
     """
 
     def __init__(
@@ -56,12 +60,17 @@ class KubernetesDiscovery:
         watch_timeout_s: int = 300,
         request_timeout_s: float = 30.0,
         backoff_s: tuple[float, float] = (0.5, 30.0),
+        on_rewrites: RewritesHandler | None = None,
     ) -> None:
         if not namespace:
             raise DiscoveryError("Kubernetes discovery: a namespace is required")
         if (pool is None) == (selector is None):
             raise DiscoveryError(
                 "Kubernetes discovery: give either an InferencePool name or a label selector"
+            )
+        if on_rewrites is not None and pool is None:
+            raise DiscoveryError(
+                "Kubernetes discovery: model rewrites are watched for an InferencePool; give its name"
             )
         if api_client is not None and kubeconfig is not None:
             raise DiscoveryError("Kubernetes discovery: give an API client or a kubeconfig, not both")
@@ -93,6 +102,8 @@ class KubernetesDiscovery:
         self._pods: dict[str, tuple[EndpointSpec, ...]] = {}  # the endpoints of each Ready pod
         self._pod_task: asyncio.Task[None] | None = None
         self._pool_task: asyncio.Task[None] | None = None
+        self._on_rewrites = on_rewrites
+        self._rewrites: RewriteWatch | None = None
         self._started = False
 
     # public
@@ -124,6 +135,12 @@ class KubernetesDiscovery:
         try:
             pool_rv = await self._initial_pool() if self._pool is not None else None
             pod_rv = await self._initial_pods()
+            if self._on_rewrites is not None:
+                assert self._pool is not None
+                self._rewrites = RewriteWatch(
+                    self._reflector, self._api_client, self._namespace, self._pool, self._on_rewrites
+                )
+                await self._rewrites.start()
         except DiscoveryError:
             await self._close_client()
             raise
@@ -157,6 +174,9 @@ class KubernetesDiscovery:
         """Stop watching (the datastore keeps what it has) and close a client made by `start()`."""
         pool_task, self._pool_task = self._pool_task, None
         await _cancel(pool_task)
+        rewrites, self._rewrites = self._rewrites, None
+        if rewrites is not None:
+            await rewrites.stop()
         await self._stop_pods()
         await self._close_client()
 
