@@ -449,11 +449,11 @@ BAD_INPUTS = [
         "header-without-colon", "", "", "--header 'nocolon': expected NAME:VALUE", ("--header", "nocolon")
     ),
     BadInput("header-empty-name", "", "", "--header ':v': expected NAME:VALUE", ("--header", ":v")),
-    BadInput(
-        "unknown-path",
-        "",
-        "",
-        "--path '/v1/embeddings': expected /v1/completions or /v1/chat/completions",
+    BadInput(  # the path chooses the parser and what it requires: an embeddings body needs 'input'
+        "body-not-what-the-path-says",
+        "request",
+        '{"model": "m", "prompt": "x"}',
+        "embeddings request needs 'input'",
         ("--path", "/v1/embeddings"),
     ),
 ]

@@ -95,6 +95,8 @@ def test_summary_lines() -> None:
         "prefix-cache-scorer/prefix-cache-scorer×3]; "
         "picker max-score-picker/max-score-picker",
         "profile handler: single-profile-handler/single-profile-handler",
+        "parsers: openai-parser/openai-parser, anthropic-parser/anthropic-parser, "
+        "vllmhttp-parser/vllmhttp-parser, passthrough-parser/passthrough-parser",
     ]
 
 
@@ -553,14 +555,13 @@ def test_ignored_sections_produce_warnings() -> None:
         data: {}
         dataLayer: {sources: []}
         flowControl: {}
-        parser: {}
         requestControl: {}
         featureGates: [flowControl]
         """
     )
-    assert len(config.warnings) == 6
+    assert len(config.warnings) == 5
     assert all("accepted but not used" in w for w in config.warnings)
-    assert sum(w.startswith("section ") for w in config.warnings) == 5
+    assert sum(w.startswith("section ") for w in config.warnings) == 4
     # Feature gates: upstream's known ones only (an unknown one fails; tests/config/test_upstream.py).
     assert (
         sum(w.startswith("feature gate 'flowControl' is accepted but not used") for w in config.warnings) == 1

@@ -113,9 +113,9 @@ class Gateway:
         self.completed: list[str] = []
         complete = director.response_complete
 
-        def counting(request: Any, response: Any, endpoint: Any) -> None:
-            self.completed.append(request.request_id)
-            complete(request, response, endpoint)
+        def counting(decision: Any, response: Any, endpoint: Any) -> None:
+            self.completed.append(decision.request.request_id)
+            complete(decision, response, endpoint)
 
         director.response_complete = counting  # type: ignore[method-assign]
 

@@ -123,7 +123,7 @@ def test_full_duplex_request_trailers_end_the_body() -> None:
 def test_full_duplex_echoes_each_response_chunk_and_reports_completion() -> None:
     d = director()
     completed: list[str] = []
-    d.response_complete = lambda request, response, endpoint: completed.append(request.request_id)  # type: ignore[method-assign]
+    d.response_complete = lambda request, response, endpoint: completed.append(request.request.request_id)  # type: ignore[method-assign]
     ex = Exchange(d)
     ex.handle(headers(config(FULL_DUPLEX_STREAMED, FULL_DUPLEX_STREAMED)))
     ex.handle(body(BODY, eos=True))

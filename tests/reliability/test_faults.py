@@ -180,14 +180,15 @@ async def test_a_killed_server_loses_no_plain_request_and_only_streams_it_was_se
     # from the victim (so that stream is mid-response there), synchronously, in the proxy's relay loop.
     streaming = service.director.response_streaming
 
-    def kill_mid_stream(request: Any, response: Any, endpoint: Endpoint) -> None:
+    def kill_mid_stream(decision: Any, response: Any, endpoint: Endpoint) -> None:
         nonlocal at_kill
-        chunks[request.request_id] += 1
-        first = chunks[request.request_id] == 1
+        request_id = decision.request.request_id
+        chunks[request_id] += 1
+        first = chunks[request_id] == 1
         if at_kill is None and first and done >= kill_after and endpoint.name == victim.host_port:
             victim.signal(signal.SIGKILL)
             at_kill = attempts.in_flight.copy()
-        streaming(request, response, endpoint)
+        streaming(decision, response, endpoint)
 
     service.director.response_streaming = kill_mid_stream  # type: ignore[method-assign]
 

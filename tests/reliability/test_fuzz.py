@@ -568,9 +568,9 @@ class Accounting:
             self.decided.append(decision.request)
             return decision
 
-        def completing(request: Any, response: Any, endpoint: Any) -> None:
-            self.completed.append(request)
-            complete(request, response, endpoint)
+        def completing(decision: Any, response: Any, endpoint: Any) -> None:
+            self.completed.append(decision.request)
+            complete(decision, response, endpoint)
 
         DIRECTOR.decide = deciding  # type: ignore[method-assign]
         DIRECTOR.response_complete = completing  # type: ignore[method-assign]

@@ -60,7 +60,7 @@ def director(ds: Datastore | None = None, config: LoadedConfig | None = None, **
 
 def refused(d: Director, payload: bytes, headers: dict[str, str] | None = None) -> RequestError:
     with pytest.raises(RequestError) as e:
-        d.decide(payload, headers or {}, "completion")
+        d.decide(payload, headers or {}, "/v1/completions")
     return e.value
 
 
@@ -107,7 +107,7 @@ def test_bad_chat_messages_are_400() -> None:
     ]:
         payload = json.dumps({"model": "m", "messages": messages}).encode()
         with pytest.raises(RequestError) as e:
-            d.decide(payload, {}, "chat")
+            d.decide(payload, {}, "/v1/chat/completions")
         assert e.value.status == 400 and message in e.value.message
 
 
@@ -115,7 +115,7 @@ def test_oversized_body_is_413() -> None:
     d = director(max_body_bytes=100)
     ok = body(prompt="x" * 50)
     assert len(ok) <= 100
-    d.decide(ok, {}, "completion")
+    d.decide(ok, {}, "/v1/completions")
     big = body(prompt="x" * 200)
     e = refused(d, big)
     assert (e.status, e.code) == (413, "body_too_large")
@@ -124,12 +124,15 @@ def test_oversized_body_is_413() -> None:
     assert refused(d, b"x" * 101).status == 413
 
 
-def test_kind_from_path_or_body() -> None:
+def test_the_path_says_what_the_body_is() -> None:
     d = director()
     chat = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
-    assert d.decide(chat, {}, "chat").request.body.kind == "chat"
-    assert d.decide(chat, {}, None).request.body.kind == "chat"
-    assert d.decide(body(), {}, None).request.body.kind == "completion"
+    assert d.decide(chat, {}, "/v1/chat/completions").request.body.kind == "chat"
+    assert d.decide(chat, {}, "/v1/chat/completions?x=1").request.body.kind == "chat"
+    assert d.decide(body(), {}).request.body.kind == "completion"  # no path: upstream's /v1/completions
+    # A chat body sent to the completions path is read as completions: it has no prompt.
+    with pytest.raises(RequestError, match="completion request needs 'prompt'"):
+        d.decide(chat, {}, "/v1/completions")
 
 
 # Headers.
@@ -158,7 +161,7 @@ def rewrites(*rules: tuple[list[str], list[tuple[str, int]]], seed: int = 0) -> 
 def test_a_configured_rewrite_rewrites_the_forwarded_body() -> None:
     d = director(rewrites=rewrites((["alias"], [("meta-llama/Llama-3.1-8B", 1)])))
     original = body(model="alias", max_tokens=12, stream=True, temperature=0.5, user="u1")
-    decision = d.decide(original, {}, "completion")
+    decision = d.decide(original, {}, "/v1/completions")
     assert decision.request.target_model == "meta-llama/Llama-3.1-8B" and decision.client_model == "alias"
     forwarded = json.loads(decision.body)
     assert forwarded == {**json.loads(original), "model": "meta-llama/Llama-3.1-8B"}
@@ -166,7 +169,7 @@ def test_a_configured_rewrite_rewrites_the_forwarded_body() -> None:
     assert decision.request.size == len(decision.body)
     # A model no rule names goes through untouched, bytes and all.
     other = body(model="m")
-    assert d.decide(other, {}, "completion").body is other
+    assert d.decide(other, {}, "/v1/completions").body is other
 
 
 def test_a_clients_rewrite_header_is_ignored_and_hidden_from_plugins() -> None:
@@ -177,14 +180,14 @@ def test_a_clients_rewrite_header_is_ignored_and_hidden_from_plugins() -> None:
         PREFILL_HEADER: "10.9.9.9:80",
         DESTINATION_HEADER: "10.9.9.9:80",
     }
-    decision = d.decide(original, headers, "completion")
+    decision = d.decide(original, headers, "/v1/completions")
     assert decision.body is original and decision.request.target_model == "m"
     assert not set(decision.request.headers) & {MODEL_REWRITE_HEADER, PREFILL_HEADER, DESTINATION_HEADER}
 
 
 def test_a_weighted_split_follows_its_weights() -> None:
     d = director(rewrites=rewrites((["llama"], [("v1", 3), ("v2", 1)]), seed=4))
-    sent = [d.decide(body(model="llama"), {}, "completion").request.target_model for _ in range(400)]
+    sent = [d.decide(body(model="llama"), {}, "/v1/completions").request.target_model for _ in range(400)]
     assert set(sent) == {"v1", "v2"}
     assert 0.68 < sent.count("v1") / len(sent) < 0.82  # 3:1, and 400 draws
 
@@ -197,7 +200,7 @@ def test_client_destination_header_is_dropped() -> None:
         "Authorization": "Bearer t",
         FAIRNESS_HEADER: "tenant-a",
     }
-    decision = d.decide(body(), headers, "completion")
+    decision = d.decide(body(), headers, "/v1/completions")
     assert DESTINATION_HEADER not in decision.request.headers
     assert decision.request.request_id == "req-1"
     assert decision.request.headers["authorization"] == "Bearer t"
@@ -207,8 +210,8 @@ def test_client_destination_header_is_dropped() -> None:
 
 def test_request_id_is_generated_when_absent() -> None:
     d = director()
-    a = d.decide(body(), {}, "completion").request.request_id
-    b = d.decide(body(), {}, "completion").request.request_id
+    a = d.decide(body(), {}, "/v1/completions").request.request_id
+    b = d.decide(body(), {}, "/v1/completions").request.request_id
     assert a and b and a != b
 
 
@@ -225,11 +228,11 @@ def test_all_unhealthy_is_503() -> None:
     ds = make_store(0, 0)
     ds.set_healthy("ep0", False)
     d = director(ds)
-    assert d.decide(body(), {}, "completion").targets[0].name == "ep1"
+    assert d.decide(body(), {}, "/v1/completions").targets[0].name == "ep1"
     ds.set_healthy("ep1", False)
     assert refused(d, body()).status == 503
     ds.set_healthy("ep0", True)
-    assert d.decide(body(), {}, "completion").targets[0].name == "ep0"
+    assert d.decide(body(), {}, "/v1/completions").targets[0].name == "ep0"
 
 
 FILTER_NOTHING = """\
@@ -268,13 +271,13 @@ def test_sheddable_request_is_shed_when_the_pool_is_saturated(queues: tuple[int,
     assert "pool saturated" in e.message and "priority -1" in e.message
     # Priority >= 0 is never shed, and neither is a request without an objective.
     for headers in ({OBJECTIVE_HEADER: "interactive"}, {OBJECTIVE_HEADER: "critical"}, {}):
-        assert d.decide(body(), headers, "completion").targets
+        assert d.decide(body(), headers, "/v1/completions").targets
 
 
 @pytest.mark.parametrize("queues", [(4, 4, 4), (5, 5, 4), (0, 0, 0)])
 def test_sheddable_request_is_served_when_the_pool_is_not_saturated(queues: tuple[int, ...]) -> None:
     d = director(make_store(*queues), objectives=OBJECTIVES)
-    decision = d.decide(body(), {"X-Gateway-Inference-Objective": "batch"}, "completion")
+    decision = d.decide(body(), {"X-Gateway-Inference-Objective": "batch"}, "/v1/completions")
     assert decision.request.priority == -1 and decision.request.objective == "batch"
     assert decision.targets
 
@@ -285,12 +288,12 @@ def test_kv_saturation_and_stale_metrics_shed_too() -> None:
     stale = director(make_store(0, 0, update_time=time.time() - 60), objectives=OBJECTIVES)
     assert refused(stale, body(), {OBJECTIVE_HEADER: "batch"}).status == 429
     fresh = director(make_store(0, 0, update_time=time.time()), objectives=OBJECTIVES)
-    assert fresh.decide(body(), {OBJECTIVE_HEADER: "batch"}, "completion").targets
+    assert fresh.decide(body(), {OBJECTIVE_HEADER: "batch"}, "/v1/completions").targets
 
 
 def test_unknown_objective_has_priority_zero() -> None:
     d = director(make_store(9, 9), objectives=OBJECTIVES)
-    decision = d.decide(body(), {OBJECTIVE_HEADER: "nobody-defined-this"}, "completion")
+    decision = d.decide(body(), {OBJECTIVE_HEADER: "nobody-defined-this"}, "/v1/completions")
     assert decision.request.priority == 0
 
 
@@ -304,16 +307,16 @@ def test_unknown_model_is_404_when_models_are_known() -> None:
     assert (e.status, e.code) == (404, "model_not_found")
     assert "'gpt-4' is not served by any endpoint (served: m, sql-lora)" in e.message
     assert json.loads(e.body())["error"]["type"] == "not_found_error"
-    assert d.decide(body(model="sql-lora"), {}, "completion").request.target_model == "sql-lora"
+    assert d.decide(body(model="sql-lora"), {}, "/v1/completions").request.target_model == "sql-lora"
     # The model checked is the one after a rewrite.
     d.rewrites = rewrites((["gpt-4"], [("m", 1)]), (["m"], [("gpt-5", 1)]))
-    assert d.decide(body(model="gpt-4"), {}, "completion").targets
+    assert d.decide(body(model="gpt-4"), {}, "/v1/completions").targets
     assert refused(d, body(model="m")).status == 404
 
 
 def test_model_check_is_skipped_while_no_model_is_known() -> None:
     d = director(known_models=set)
-    assert d.decide(body(model="anything"), {}, "completion").targets
+    assert d.decide(body(model="anything"), {}, "/v1/completions").targets
 
 
 # Hooks.
@@ -326,7 +329,7 @@ def test_pre_request_hooks_teach_the_prefix_index() -> None:
     config = load_default_config(seed=SEED)
     d = director(make_store(0, 0, 0), config)
     [prefix] = [p for p in config.plugins.values() if isinstance(p, PrefixCacheScorer)]
-    first = d.decide(body(prompt=LONG_PROMPT), {}, "completion")
+    first = d.decide(body(prompt=LONG_PROMPT), {}, "/v1/completions")
     chosen = first.targets[0]
     assert len(prefix.index) > 0
 
@@ -336,7 +339,7 @@ def test_pre_request_hooks_teach_the_prefix_index() -> None:
     assert scores == [1.0 if ep.name == chosen.name else 0.0 for ep in endpoints]
     # And the scheduler follows the cache: the same prompt goes to the same endpoint.
     for _ in range(5):
-        assert d.decide(body(prompt=LONG_PROMPT), {}, "completion").targets[0].name == chosen.name
+        assert d.decide(body(prompt=LONG_PROMPT), {}, "/v1/completions").targets[0].name == chosen.name
     # Another model's prompt shares nothing.
     other = InferenceRequest.from_openai({"model": "other", "prompt": LONG_PROMPT})
     assert prefix.score(other, CycleState(), endpoints) == [0.0, 0.0, 0.0]
@@ -382,15 +385,15 @@ def with_hooks(config: LoadedConfig, *hooks: Recorder) -> LoadedConfig:
 def test_response_hooks_run_in_order() -> None:
     log: list[tuple[str, str]] = []
     d = director(config=with_hooks(load_default_config(seed=SEED), Recorder("a", log), Recorder("b", log)))
-    decision = d.decide(body(), {}, "completion")
+    decision = d.decide(body(), {}, "/v1/completions")
     assert log == [("a", "pre_request"), ("b", "pre_request")]
     log.clear()
     response = Response(decision.request.request_id, streaming=True)
     endpoint = decision.targets[0]
-    d.response_received(decision.request, response, endpoint)
-    d.response_streaming(decision.request, response, endpoint)
-    d.response_streaming(decision.request, response, endpoint)
-    d.response_complete(decision.request, response, endpoint)
+    d.response_received(decision, response, endpoint)
+    d.response_streaming(decision, response, endpoint)
+    d.response_streaming(decision, response, endpoint)
+    d.response_complete(decision, response, endpoint)
     assert log == [
         ("a", "received"),
         ("b", "received"),
@@ -410,11 +413,11 @@ def test_a_hook_that_raises_is_logged_not_propagated(caplog: pytest.LogCaptureFi
         load_default_config(seed=SEED), Recorder("bad", log, fail=True), Recorder("good", log)
     )
     d = director(config=config)
-    decision = d.decide(body(), {}, "completion")  # no exception
+    decision = d.decide(body(), {}, "/v1/completions")  # no exception
     response = Response(decision.request.request_id)
-    d.response_received(decision.request, response, decision.targets[0])
-    d.response_streaming(decision.request, response, decision.targets[0])
-    d.response_complete(decision.request, response, decision.targets[0])
+    d.response_received(decision, response, decision.targets[0])
+    d.response_streaming(decision, response, decision.targets[0])
+    d.response_complete(decision, response, decision.targets[0])
     # The good hook after the bad one still ran every time.
     assert [what for name, what in log if name == "good"] == [
         "pre_request",
@@ -433,7 +436,7 @@ def test_a_hook_that_raises_is_logged_not_propagated(caplog: pytest.LogCaptureFi
 
 def test_replace_config() -> None:
     d = director(make_store(0, 0, 0))
-    d.decide(body(), {}, "completion")
+    d.decide(body(), {}, "/v1/completions")
     d.replace_config(load_config_text(FILTER_NOTHING, seed=SEED))
     assert refused(d, body()).status == 429
 
@@ -441,11 +444,12 @@ def test_replace_config() -> None:
 def test_an_endpoint_that_leaves_is_forgotten_by_the_prefix_index() -> None:
     d = director(make_store(0, 0))
     prefix = next(p for p in d.config.plugins.values() if isinstance(p, PrefixCacheScorer))
-    chosen = d.decide(body(prompt="a long shared system prompt " * 20), {}, "completion").targets[0].name
+    chosen = d.decide(body(prompt="a long shared system prompt " * 20), {}, "/v1/completions").targets[0].name
     assert chosen in prefix.index.endpoints()
     d.datastore.remove(chosen)
     assert chosen not in prefix.index.endpoints()
     # The next decision runs on the endpoint that is left, with no stale match.
     assert (
-        d.decide(body(prompt="a long shared system prompt " * 20), {}, "completion").targets[0].name != chosen
+        d.decide(body(prompt="a long shared system prompt " * 20), {}, "/v1/completions").targets[0].name
+        != chosen
     )

@@ -61,8 +61,8 @@ def body(model: str = "m", prompt: str = "hello " * 40) -> bytes:
 def test_request_counter_and_scheduler_latency() -> None:
     d, metrics, _ = setup()
     for _ in range(3):
-        d.decide(body(), {}, "completion")
-    d.decide(body("sql-lora"), {}, "completion")
+        d.decide(body(), {}, "/v1/completions")
+    d.decide(body("sql-lora"), {}, "/v1/completions")
     s = Scrape(metrics)
     assert s.value("inference_objective_request_total", model_name="m", target_model_name="m") == 3
     assert (
@@ -76,7 +76,7 @@ def test_request_counter_and_scheduler_latency() -> None:
 def test_plugin_durations_per_plugin() -> None:
     d, metrics, _ = setup()
     for _ in range(2):
-        d.decide(body(), {}, "completion")
+        d.decide(body(), {}, "/v1/completions")
     s = Scrape(metrics)
     name = "inference_extension_plugin_duration_seconds_count"
     # Two decisions on one snapshot version: the scorers that read only metrics ran once.
@@ -115,7 +115,7 @@ schedulingProfiles:
         seed=1,
     )
     d, metrics, _ = setup(config)
-    d.decide(body(), {}, "completion")
+    d.decide(body(), {}, "/v1/completions")
     s = Scrape(metrics)
     count = "inference_extension_plugin_duration_seconds_count"
     assert (
@@ -127,16 +127,16 @@ schedulingProfiles:
 def test_error_counter_by_code() -> None:
     d, metrics, ds = setup(objectives={"batch": -1}, known_models=lambda: {"m"})
     with pytest.raises(RequestError):
-        d.decide(body("nope"), {}, "completion")
+        d.decide(body("nope"), {}, "/v1/completions")
     for i in range(3):
         ds.update_metrics(f"ep{i}", Metrics(waiting_queue_size=9, update_time=time.time()))
     with pytest.raises(RequestError):
-        d.decide(body(), {OBJECTIVE_HEADER: "batch"}, "completion")
+        d.decide(body(), {OBJECTIVE_HEADER: "batch"}, "/v1/completions")
     for i in range(3):
         ds.set_healthy(f"ep{i}", False)
     for _ in range(2):
         with pytest.raises(RequestError):
-            d.decide(body(), {}, "completion")
+            d.decide(body(), {}, "/v1/completions")
     s = Scrape(metrics)
     err = "inference_objective_request_error_total"
     assert s.value(err, model_name="nope", target_model_name="nope", error_code="model_not_found") == 1
@@ -150,7 +150,7 @@ def test_error_counter_by_code() -> None:
 def test_rewrite_counts_the_incoming_and_target_model() -> None:
     d, metrics, _ = setup()
     d.rewrites = rewrites((["alias"], [("base", 1)]))
-    d.decide(body("alias"), {}, "completion")
+    d.decide(body("alias"), {}, "/v1/completions")
     s = Scrape(metrics)
     assert s.value("inference_objective_request_total", model_name="alias", target_model_name="base") == 1
 
@@ -181,8 +181,8 @@ def test_prefix_indexer_gauges() -> None:
         == 0
     )
     prompt = "The same long system prompt, again and again. " * 10
-    first = d.decide(body(prompt=prompt), {}, "completion")
-    second = d.decide(body(prompt=prompt), {}, "completion")
+    first = d.decide(body(prompt=prompt), {}, "/v1/completions")
+    second = d.decide(body(prompt=prompt), {}, "/v1/completions")
     assert first.targets[0].name == second.targets[0].name
     s = Scrape(metrics)
     label = {"plugin": "prefix-cache-scorer/prefix-cache-scorer"}

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from epick.config import LoadedConfig
 from epick.framework import ROLE_LABEL, BadRequestError, Endpoint, InferenceRequest, Metrics
-from epick.framework.request import RequestKind
 
 
 class InputError(Exception):
@@ -114,28 +115,47 @@ def read_endpoints(path: str) -> list[Endpoint]:
     return endpoints
 
 
-def kind_from_path(path: str | None) -> RequestKind | None:
-    if path is None:
-        return None
-    if path.rstrip("/").endswith("/chat/completions"):
-        return "chat"
-    if path.rstrip("/").endswith("/completions"):
-        return "completion"
-    raise InputError(f"--path {path!r}: expected /v1/completions or /v1/chat/completions")
+def request_path(path: str | None, raw: Any) -> str:
+    """`--path`, or without it the OpenAI path the body looks like (chat when it has `messages`)."""
+    if path is not None:
+        return path
+    return "/v1/chat/completions" if isinstance(raw, dict) and "messages" in raw else "/v1/completions"
 
 
 def parse_request(
-    raw: Any, source: str, *, kind: RequestKind | None, headers: dict[str, str], request_id: str | None = None
+    config: LoadedConfig,
+    raw: Any,
+    source: str,
+    *,
+    path: str | None,
+    headers: dict[str, str],
+    request_id: str | None = None,
 ) -> InferenceRequest:
+    """The request as the service would parse it: with the config's parser for its path."""
+    body = json.dumps(raw).encode()
+    where = request_path(path, raw)
+    parser = config.parsers.resolve(where)
+    if parser is None:
+        accepted = ", ".join(config.parsers.accepted) or "none"
+        raise InputError(
+            f"{source}: no parser of the config accepts the path {where!r} (accepted: {accepted})"
+        )
     try:
-        size = len(json.dumps(raw).encode())
-        return InferenceRequest.from_openai(raw, kind=kind, headers=headers, size=size, request_id=request_id)
+        parsed = parser.parse_request(where, body, headers)
     except BadRequestError as e:
         raise InputError(f"{source}: {e}") from None
+    return InferenceRequest(
+        target_model=parsed.model,
+        body=parsed.body,
+        request_id=request_id or uuid.uuid4().hex,
+        headers=headers,
+        objective=headers.get("x-gateway-inference-objective", ""),
+        size=len(body),
+    )
 
 
 def read_history(
-    path: str, endpoints: list[Endpoint], kind: RequestKind | None
+    config: LoadedConfig, path: str, endpoints: list[Endpoint], request_path: str | None
 ) -> list[tuple[InferenceRequest, Endpoint]]:
     raw = read_json(path)
     if not isinstance(raw, list):
@@ -155,7 +175,12 @@ def read_history(
         if not isinstance(headers, dict):
             raise InputError(f"{path}: [{i}].headers: expected an object")
         request = parse_request(
-            item["request"], f"{path}: [{i}].request", kind=kind, headers=headers, request_id=f"history-{i}"
+            config,
+            item["request"],
+            f"{path}: [{i}].request",
+            path=request_path,
+            headers=headers,
+            request_id=f"history-{i}",
         )
         out.append((request, by_name[name]))
     return out

@@ -14,7 +14,6 @@ from epick.cli import demo, serve, sim_server, simulate
 from epick.cli.explain import dumps, explain, render, replay_history
 from epick.cli.inputs import (
     InputError,
-    kind_from_path,
     parse_headers,
     parse_request,
     read_endpoints,
@@ -51,10 +50,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, seed=args.seed)
         endpoints = read_endpoints(args.endpoints)
-        kind = kind_from_path(args.path)
         headers = parse_headers(args.header)
-        request = parse_request(read_json(args.request), args.request, kind=kind, headers=headers)
-        history = read_history(args.history, endpoints, kind) if args.history else []
+        request = parse_request(
+            config, read_json(args.request), args.request, path=args.path, headers=headers
+        )
+        history = read_history(config, args.history, endpoints, args.path) if args.history else []
     except ConfigError as e:
         for issue in e.issues:
             print(issue.render(e.source), file=sys.stderr)
@@ -129,7 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument(
         "--history", metavar="HIST.json", help="past requests and where they went, replayed first"
     )
-    ex.add_argument("--path", help="request path: /v1/completions or /v1/chat/completions (default: by body)")
+    ex.add_argument(
+        "--path",
+        help="request path, read by the config's parser for it (default: /v1/chat/completions for a body "
+        "with messages, else /v1/completions)",
+    )
     ex.add_argument(
         "--header", action="append", default=[], metavar="K:V", help="a request header (repeatable)"
     )

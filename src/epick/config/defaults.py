@@ -24,3 +24,7 @@ schedulingProfiles:
 DEFAULT_PROFILE = "default"
 DEFAULT_PICKER = "max-score-picker"
 DEFAULT_HANDLER = "single-profile-handler"
+
+# Upstream's parsers when a config lists none (llm-d/llm-d-router, pkg/epp/config/loader/defaults.go):
+# the last, claiming no path, forwards what the others do not claim.
+DEFAULT_PARSERS = ("openai-parser", "anthropic-parser", "vllmhttp-parser", "passthrough-parser")

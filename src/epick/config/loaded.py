@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from epick.framework import (
+    ParserSet,
     Plugin,
     PreRequest,
     ResponseComplete,
@@ -48,6 +49,7 @@ class LoadedConfig:
     plugins: dict[str, Plugin]
     hooks: RequestHooks
     saturation_detector: UtilizationDetector
+    parsers: ParserSet
     warnings: list[str]
     # Per plugin: its type and parameters as built, and the plugins its factory used (for a reload
     # that keeps the instances whose configuration did not change: `load_config(previous=)`).
@@ -63,4 +65,6 @@ class LoadedConfig:
             picker = profile.picker.typed_name
             lines.append(f"profile {profile.name}: filters [{filters}]; scorers [{scorers}]; picker {picker}")
         lines.append(f"profile handler: {self.scheduler.handler.typed_name}")
+        served = ", ".join(str(p.typed_name) for p in self.parsers.parsers) or "none"
+        lines.append(f"parsers: {served}")
         return lines

@@ -20,7 +20,13 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from epick.config.defaults import DEFAULT_CONFIG_YAML, DEFAULT_HANDLER, DEFAULT_PICKER, DEFAULT_PROFILE
+from epick.config.defaults import (
+    DEFAULT_CONFIG_YAML,
+    DEFAULT_HANDLER,
+    DEFAULT_PARSERS,
+    DEFAULT_PICKER,
+    DEFAULT_PROFILE,
+)
 from epick.config.entrypoints import default_registry
 from epick.config.errors import ConfigError, ConfigIssue
 from epick.config.issues import _issue_from_pydantic, _params_hint
@@ -37,6 +43,8 @@ from epick.config.suggest import did_you_mean
 from epick.config.upstream import EQUIVALENT_FIXES, UPSTREAM_TYPES, feature_gate, upstream_type
 from epick.framework import (
     Filter,
+    Parser,
+    ParserSet,
     Picker,
     Plugin,
     ProfileHandler,
@@ -46,6 +54,7 @@ from epick.framework import (
     WeightedScorer,
 )
 from epick.plugins.filters.utilization import UtilizationDetector, UtilizationParameters
+from epick.plugins.parsers import PARSER_TYPES
 from epick.plugins.prerequest.prefill_header import PrefillHeaderHandler
 from epick.plugins.profile.disagg import DisaggProfileHandler
 from epick.plugins.profile.requirements import NeedsProfiles
@@ -224,6 +233,7 @@ class _Builder:
         self.check()
         profiles, handler = self._assemble()
         detector = self._saturation_detector()
+        parsers = self._parsers()
         self.check()
         assert handler is not None
         scheduler = Scheduler(profiles, handler)
@@ -234,6 +244,7 @@ class _Builder:
             plugins=dict(self.instances),
             hooks=RequestHooks.from_plugins(plugins),
             saturation_detector=detector,
+            parsers=parsers,
             warnings=self.warnings,
             fingerprints=dict(self.fingerprints),
             uses={name: frozenset(used) for name, used in self.uses.items()},
@@ -570,6 +581,62 @@ class _Builder:
         if not ok or picker is None:
             return None
         return SchedulerProfile(entry.name, picker, filters, scorers)
+
+    def _parsers(self) -> ParserSet:
+        """The parsers `requestHandler.parsers` lists (or GIE's one `parser`, or upstream's default list),
+        as upstream's loader finds them: a reference to no plugin of the config that names a parser
+        type makes a default instance of that type, named after it."""
+        section, single = self.doc.request_handler, self.doc.parser
+        refs: list[tuple[str, str]]
+        if section is not None and section.parsers:
+            refs = [
+                (f"requestHandler.parsers[{i}].pluginRef", r.plugin_ref)
+                for i, r in enumerate(section.parsers)
+            ]
+            if single is not None:
+                self.warnings.append(
+                    "'parser' is deprecated upstream and ignored here: 'requestHandler.parsers' is given"
+                )
+        elif single is not None:
+            refs = [("parser.pluginRef", single.plugin_ref)]
+        else:
+            refs = [("requestHandler.parsers", ref) for ref in DEFAULT_PARSERS]
+        parsers: list[Parser] = []
+        for path, ref in refs:
+            plugin = self.instances.get(ref)
+            if plugin is None and ref not in self.entries:
+                plugin = self._default_parser(path, ref)
+            if plugin is None:
+                continue
+            if not isinstance(plugin, Parser):
+                self.fail(
+                    path,
+                    f"plugin {ref!r} ({plugin.typed_name.type}) is not a parser",
+                    f"refer to a parser plugin: {', '.join(self._parser_types())}",
+                )
+                continue
+            parsers.append(plugin)
+        found = ParserSet(parsers)
+        for parser, why in found.skipped:
+            self.warnings.append(f"parser {parser.typed_name.name!r} is not used: {why}")
+        return found
+
+    def _default_parser(self, path: str, ref: str) -> Plugin | None:
+        spec = self.registry.get(ref)
+        if spec is None:
+            close = did_you_mean(ref, [*self.entries, *PARSER_TYPES])
+            fix = f"did you mean '{close}'?" if close else f"name a parser type ({', '.join(PARSER_TYPES)})"
+            self.fail(path, f"refers to undefined plugin {ref!r}", fix + " or define it under 'plugins'")
+            return None
+        try:
+            plugin = spec.factory(ref, spec.parameters(), _Handle(self, ref))
+        except (ValueError, TypeError, LookupError, _DependencyFailedError) as e:
+            self.fail(path, f"cannot make a default {ref!r}: {e}", f"define {ref!r} under 'plugins'")
+            return None
+        return plugin  # not among the config's plugins: it is the parser list's own
+
+    def _parser_types(self) -> list[str]:
+        return [t for t in PARSER_TYPES if t in self.registry]
 
     def _saturation_detector(self) -> UtilizationDetector:
         section = self.doc.saturation_detector

@@ -109,6 +109,21 @@ class SaturationDetectorSection(_Strict):
     metrics_staleness_threshold: str | float | None = Field(default=None, alias="metricsStalenessThreshold")
 
 
+class ParserRef(_Strict):
+    plugin_ref: str = Field(alias="pluginRef")
+
+
+class RequestHandlerSection(_Strict):
+    """The parsers, in order: a request's path goes to the parser claiming its longest suffix."""
+
+    parsers: list[ParserRef] = Field(default_factory=list)
+
+    @field_validator("parsers", mode="before")
+    @classmethod
+    def _null_is_empty(cls, v: Any) -> Any:
+        return [] if v is None else v
+
+
 class EndpointPickerConfigFile(_Strict):
     api_version: ApiVersion = Field(alias="apiVersion")
     kind: Literal["EndpointPickerConfig"]
@@ -120,9 +135,10 @@ class EndpointPickerConfigFile(_Strict):
     data: dict[str, Any] | None = None
     data_layer: dict[str, Any] | None = Field(default=None, alias="dataLayer")
     flow_control: dict[str, Any] | None = Field(default=None, alias="flowControl")
-    parser: dict[str, Any] | None = None
     request_control: dict[str, Any] | None = Field(default=None, alias="requestControl")
-    request_handler: dict[str, Any] | None = Field(default=None, alias="requestHandler")
+    # GIE v1.5's one parser; upstream now lists them under requestHandler.parsers (which wins).
+    parser: ParserRef | None = None
+    request_handler: RequestHandlerSection | None = Field(default=None, alias="requestHandler")
 
     @field_validator("plugins", "scheduling_profiles", "feature_gates", mode="before")
     @classmethod
@@ -134,7 +150,5 @@ IGNORED_SECTIONS = {
     "data": "epick's data layer is configured by flags",
     "data_layer": "epick's data layer is configured by flags",
     "flow_control": "epick has no flow-control layer yet",
-    "parser": "epick parses OpenAI bodies itself",
     "request_control": "epick's request control is configured by flags",
-    "request_handler": "epick parses OpenAI bodies itself",
 }

@@ -24,6 +24,7 @@ also serves `BUFFERED`, and response chunks are acknowledged without being echoe
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -31,8 +32,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epick.extproc import messages
 from epick.framework import Endpoint, Response
-from epick.framework.request import RequestKind
-from epick.requestcontrol.director import Decision, Director
+from epick.requestcontrol.director import DEFAULT_PATH, Decision, Director
 from epick.requestcontrol.errors import RequestError, too_large
 
 log = logging.getLogger(__name__)
@@ -48,13 +48,14 @@ _UNROUTABLE = {NONE: "NONE", GRPC: "GRPC"}
 _logged_unroutable: set[str] = set()
 
 
-def _kind(path: str) -> RequestKind | None:
-    path = path.split("?", 1)[0].rstrip("/")
-    if path.endswith("/chat/completions"):
-        return "chat"
-    if path.endswith("/completions"):
-        return "completion"
-    return None
+def _path(headers: Mapping[str, str]) -> str:
+    """The request's path, as upstream finds it: the first of `:path`, `x-original-path` and
+    `x-forwarded-path` that is given, without its query; the director's default when none is."""
+    for name in (":path", "x-original-path", "x-forwarded-path"):
+        value = headers.get(name, "")
+        if value:
+            return value.split("?", 1)[0]
+    return DEFAULT_PATH
 
 
 def _mode_error(setting: str) -> RequestError:
@@ -187,7 +188,7 @@ class Exchange:
         (headers with no body, or the body); `more` is true when trailers follow the body."""
         received = bytes(self.body)
         try:
-            decision = self.director.decide(received, self.headers, _kind(self.headers.get(":path", "")))
+            decision = self.director.decide(received, self.headers, _path(self.headers))
         except RequestError as e:
             return self._fail(e)
         self.decision = decision
@@ -252,7 +253,7 @@ class Exchange:
         status = int(raw_status) if raw_status.isdigit() else 0  # 0: not known
         streaming = d.request.body.stream
         self.response = Response(d.request.request_id, status=status, headers=headers, streaming=streaming)
-        self.director.response_received(d.request, self.response, self.endpoint)
+        self.director.response_received(d, self.response, self.endpoint)
         if self.response.add_headers:
             answer.response_headers.response.header_mutation.set_headers.extend(
                 messages.header(k, v) for k, v in self.response.add_headers.items()
@@ -265,7 +266,7 @@ class Exchange:
         d, response = self.decision, self.response
         if d is not None and response is not None:
             response.chunk = message.body
-            self.director.response_streaming(d.request, response, self.endpoint)
+            self.director.response_streaming(d, response, self.endpoint)
             if message.end_of_stream:
                 self._complete(None)
         if self.modes.response_body == FULL_DUPLEX_STREAMED:
@@ -290,7 +291,7 @@ class Exchange:
         response.chunk = b""
         if error is not None and response.status == 0:
             response.error = error
-        self.director.response_complete(d.request, response, self.endpoint)
+        self.director.response_complete(d, response, self.endpoint)
 
     def abandon(self) -> None:
         """The stream ended: a response that did not finish is reported complete, with an error."""

@@ -19,6 +19,7 @@ from epick.framework.interfaces import (
     ResponseStreaming,
     Scorer,
 )
+from epick.framework.parsing import ParsedRequest, Parser, ParserSet, merge_usage
 from epick.framework.plugin import NamedPlugin, Plugin, TypedName, state_key
 from epick.framework.profile import SchedulerProfile, WeightedScorer
 from epick.framework.reads import Reads, depends_on_metrics_alone, reads_of
@@ -48,6 +49,9 @@ __all__ = [
     "Metrics",
     "NamedPlugin",
     "NoEndpointsError",
+    "ParsedRequest",
+    "Parser",
+    "ParserSet",
     "Picker",
     "Plugin",
     "PluginTimer",
@@ -74,6 +78,7 @@ __all__ = [
     "Usage",
     "WeightedScorer",
     "depends_on_metrics_alone",
+    "merge_usage",
     "reads_of",
     "split_scored",
     "state_key",

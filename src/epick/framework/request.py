@@ -11,7 +11,12 @@ from typing import Any, Literal
 # The Go EPP's estimate of characters per token, used wherever a token count is guessed from text.
 CHARS_PER_TOKEN = 4
 
-RequestKind = Literal["completion", "chat"]
+# What a request asks for, by the API it speaks: OpenAI's completions, chat completions, responses,
+# conversations, embeddings and image generation; Anthropic's messages; a pre-tokenized generate call
+# (vLLM's /inference/v1/generate, SGLang's /generate); or a body forwarded unread ("raw").
+RequestKind = Literal[
+    "completion", "chat", "responses", "conversations", "embeddings", "images", "messages", "generate", "raw"
+]
 
 
 class BadRequestError(ValueError):
@@ -29,10 +34,11 @@ class ChatMessage:
 
 @dataclass(frozen=True, slots=True)
 class RequestBody:
-    """The parsed OpenAI body: a completion prompt or chat messages.
+    """The parsed body: a completion prompt, chat messages, or another API's input (see `RequestKind`).
 
-    The text the approximate prefix index hashes (`prefix_text`: the prompt, or the chat messages as
-    compact JSON) is built on first read: most configs never read it. A body may also be made from a
+    The text the approximate prefix index hashes (`prefix_text`: the prompt, the chat messages as
+    compact JSON, another API's input as its parser spells it; token ids as decimal text) is built on
+    first read: most configs never read it. A body may also be made from a
     text's length and a function that spells it (`lazy_completion`, as the fleet simulator does), so
     plugins that read only `prefix_bytes` never pay for the text.
     """
@@ -45,6 +51,7 @@ class RequestBody:
     # The prefix text, or a function that builds it; and its UTF-8 length when known.
     source: str | Callable[[], str] = field(default="", repr=False)
     known_bytes: int | None = field(default=None, repr=False)
+    token_ids: tuple[int, ...] | None = field(default=None, repr=False)  # a pre-tokenized prompt
 
     @classmethod
     def completion(cls, prompt: str, **kwargs: Any) -> RequestBody:

@@ -1,6 +1,7 @@
 """The in-tree plugins, each in its own module, listed in one place."""
 
 from epick.plugins.filters import by_label, classic, label_selector, role, utilization
+from epick.plugins.parsers import anthropic, openai, passthrough, sglanghttp, vllmhttp
 from epick.plugins.pickers import max_score, random_picker, round_robin, weighted_random
 from epick.plugins.prefix import scorer as prefix_scorer
 from epick.plugins.prerequest import prefill_header
@@ -49,6 +50,11 @@ def in_tree_plugins() -> list[PluginSpec]:
         deciders.PREFIX_SPEC,
         deciders.ALWAYS_SPEC,
         prefill_header.SPEC,
+        openai.SPEC,
+        anthropic.SPEC,
+        vllmhttp.SPEC,
+        sglanghttp.SPEC,
+        passthrough.SPEC,
     ]
 
 

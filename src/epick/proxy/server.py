@@ -1,6 +1,9 @@
 """The proxy: an OpenAI-compatible HTTP server in front of the model servers.
 
-Each request is decided by the director, then forwarded to the primary target; a connection
+It serves every POST path a configured parser accepts (OpenAI's, Anthropic's `/v1/messages`, vLLM's and
+SGLang's generate endpoints, or any path when `passthrough-parser` is the fallback) and forwards the
+request to the same path, query included; a path no parser accepts gets a JSON 404 naming the
+accepted ones. Each request is decided by the director, then forwarded to the primary target; a connection
 failure or a 5xx before the first byte moves on to the next fallback target (and, when those run
 out, to one fresh decision without the endpoints that failed). Responses stream through chunk by
 chunk as they arrive; nothing is buffered. A response that breaks mid-stream ends with an SSE error
@@ -26,7 +29,6 @@ from epick.datalayer.datastore import Datastore
 from epick.datalayer.health import EndpointHealth
 from epick.datalayer.models import ModelCatalog
 from epick.framework import Endpoint, Response
-from epick.framework.request import RequestKind
 from epick.proxy.http import AppRunner, json_errors
 from epick.requestcontrol import errors
 from epick.requestcontrol.director import (
@@ -112,10 +114,9 @@ class Proxy:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.options.max_body_bytes, middlewares=[json_errors])
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
+        app.router.add_route("*", "/{path:.*}", self._handle)  # the parsers decide which paths are served
         return app
 
     async def start(self) -> None:
@@ -151,13 +152,13 @@ class Proxy:
         cards = self.catalog.cards() if self.catalog is not None else []
         return web.json_response({"object": "list", "data": cards})
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._handle(request, "completion", "/v1/completions")
-
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._handle(request, "chat", "/v1/chat/completions")
-
-    async def _handle(self, http: web.Request, kind: RequestKind, path: str) -> web.StreamResponse:
+    async def _handle(self, http: web.Request) -> web.StreamResponse:
+        if http.method != "POST":  # answered in JSON by the json_errors middleware
+            parsers = self.director.config.parsers
+            parser = parsers.resolve(http.path)
+            if parser is not None and parser is not parsers.fallback:
+                raise web.HTTPMethodNotAllowed(http.method, ["POST"])
+            raise web.HTTPNotFound()
         try:
             async with asyncio.timeout(self.options.body_timeout):
                 body = await http.read()  # decompressed when the client sent Content-Encoding
@@ -171,13 +172,13 @@ class Proxy:
             message = f"request body incomplete after {timeout:g}s (Content-Length longer than the body?)"
             return _error(RequestError(408, message, "body_timeout"), close=True)
         try:
-            decision = self.director.decide(body, http.headers, kind)
+            decision = self.director.decide(body, http.headers, http.path)
         except RequestError as e:
             return _error(e)
         state = _Request(deadline=asyncio.get_running_loop().time() + self.options.request_timeout)
         try:
             async with asyncio.timeout_at(state.deadline):
-                return await self._attempts(http, decision, path, state)
+                return await self._attempts(http, decision, http.raw_path, state)
         except TimeoutError:
             timeout = self.options.request_timeout
             log.warning("request %s passed its %gs deadline", decision.request.request_id, timeout)
@@ -256,9 +257,10 @@ class Proxy:
                 raise _AttemptFailedError(f"answered {upstream.status}", upstream.status, error_body)
             response.status = upstream.status
             response.headers = dict(upstream.headers)
-            if not d.request.body.stream:
+            # A body forwarded unread may ask for a stream: relay it as it comes.
+            if not (d.request.body.stream or d.request.body.kind == "raw"):
                 return await self._whole(d, endpoint, upstream, response)
-            self.director.response_received(d.request, response, endpoint)
+            self.director.response_received(d, response, endpoint)
             return await self._relay(http, d, endpoint, upstream, response, state=state)
         finally:
             upstream.release()
@@ -273,12 +275,12 @@ class Proxy:
             reason = f"response broke off: {type(e).__name__}: {e}"
             self.health.unreachable(endpoint.name, reason)
             raise _AttemptFailedError(reason) from None
-        self.director.response_received(d.request, response, endpoint)
+        self.director.response_received(d, response, endpoint)
         response.chunk = body
         response.end_of_stream = True
         out = web.Response(status=upstream.status, body=body)
         self._copy_headers(upstream, response, endpoint, out)
-        self.director.response_complete(d.request, response, endpoint)
+        self.director.response_complete(d, response, endpoint)
         return out
 
     def _copy_headers(
@@ -316,7 +318,7 @@ class Proxy:
             async for chunk in upstream.content.iter_any():
                 await out.write(chunk)
                 response.chunk = chunk
-                self.director.response_streaming(d.request, response, endpoint)
+                self.director.response_streaming(d, response, endpoint)
             response.chunk = b""
             response.end_of_stream = True
             await out.write_eof()
@@ -334,7 +336,7 @@ class Proxy:
             response.error = "request deadline passed" if past_deadline else "client disconnected"
             raise
         finally:
-            self.director.response_complete(d.request, response, endpoint)
+            self.director.response_complete(d, response, endpoint)
         return out
 
 

@@ -1,12 +1,13 @@
 """The director: everything between a request's bytes and the endpoint it goes to, and its response hooks.
 
-1. parse the body (JSON, completions or chat, `model`, `stream`, `cache_salt`) and apply the
-   configured model rewrites (InferenceModelRewrite; a client's rewrite header is ignored);
+1. parse the body with the configured parser that claims the request's path (`requestHandler.parsers`;
+   a path none claims is refused with 404 naming the served ones) and apply the configured model
+   rewrites (InferenceModelRewrite; a client's rewrite header is ignored);
    2. refuse a model no endpoint serves; 3. the request path
    (path.py) on the datastore's snapshot: admit (a sheddable request, priority < 0 from the objective
    named by `x-gateway-inference-objective`, is refused with 429 when the pool is saturated),
    schedule, run the PreRequest hooks. Front ends then dispatch, and report the response back
-   through `response_*`.
+   through `response_*`, where the parser reads the response's token usage.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epick.config import LoadedConfig
 from epick.datalayer.datastore import Datastore, EndpointSpec
@@ -26,13 +27,14 @@ from epick.framework import (
     Endpoint,
     EndpointRemoved,
     InferenceRequest,
+    Parser,
     Response,
     SchedulingResult,
 )
-from epick.framework.request import RequestKind
 from epick.requestcontrol import errors
 from epick.requestcontrol.errors import RequestError
 from epick.requestcontrol.path import Observer, RequestPath, safely
+from epick.requestcontrol.usage import UsageReader
 
 __all__ = ["Decision", "Director", "Observer"]
 
@@ -44,6 +46,7 @@ MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 PREFILL_HEADER = "x-prefiller-host-port"
 REQUEST_ID_HEADER = "x-request-id"
+DEFAULT_PATH = "/v1/completions"  # a request with no path (upstream's default too)
 CONTROL_HEADERS = frozenset({OBJECTIVE_HEADER, FAIRNESS_HEADER, MODEL_REWRITE_HEADER, DESTINATION_HEADER})
 # Headers only epick may set: a client's are dropped before plugins see the request, and before it is
 # forwarded (a client must not steer routing, nor point a decode server at a prefill host).
@@ -56,6 +59,8 @@ class Decision:
     result: SchedulingResult
     body: bytes  # what to forward: the client's body, or re-encoded after a model rewrite
     client_model: str = ""  # the model the client asked for, before any rewrite
+    # Reads the response's usage with the request's parser (None: the response is not read).
+    usage: UsageReader | None = field(default=None, repr=False)
 
     @property
     def targets(self) -> tuple[Endpoint, ...]:
@@ -106,51 +111,54 @@ class Director:
         self.path.config = config
 
     def parse(
-        self, body: bytes, headers: Mapping[str, str], kind: RequestKind | None
-    ) -> tuple[InferenceRequest, bytes, str]:
-        """(request, body to forward, the model the client named before any rewrite)."""
+        self, body: bytes, headers: Mapping[str, str], path: str = DEFAULT_PATH
+    ) -> tuple[InferenceRequest, bytes, str, Parser, bool]:
+        """(request, body to forward, the model the client named before any rewrite, the parser that
+        read it, whether its response is to be read)."""
         if len(body) > self.max_body_bytes:
             raise errors.too_large(len(body), self.max_body_bytes)
+        path = path.split("?", 1)[0] or DEFAULT_PATH
+        parsers = self.config.parsers
+        parser = parsers.resolve(path)
+        if parser is None:
+            raise errors.no_parser(path, parsers.accepted)
         try:
-            raw = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise errors.bad_request(f"request body is not valid JSON: {e}") from None
-        except RecursionError:
-            raise errors.bad_request("request body is not valid JSON: nested too deeply") from None
-        except ValueError as e:  # e.g. a number of more digits than Python converts
-            raise errors.bad_request(f"request body cannot be read as JSON: {e}") from None
-        if not isinstance(raw, dict):
-            raise errors.bad_request("request body must be a JSON object")
-        if b"\\ud" in body or b"\\uD" in body:  # an escaped surrogate: is every one paired?
-            _check_text(raw)
-        lowered = {k.lower(): v for k, v in headers.items()}
-        named = raw.get("model")
-        client_model = named if isinstance(named, str) else ""
-        # Rewrites come from configuration (InferenceModelRewrite), never from the client: its
-        # x-gateway-model-name-rewrite header is ignored and stripped.
-        target = self.rewrites.target_model(client_model) if client_model else None
-        if target is not None and target != client_model:
-            raw["model"] = target
-            body = json.dumps(raw).encode()
-        objective = lowered.get(OBJECTIVE_HEADER, "")
-        try:
-            request = InferenceRequest.from_openai(
-                raw,
-                kind=kind,
-                request_id=lowered.get(REQUEST_ID_HEADER) or uuid.uuid4().hex,
-                headers={k: v for k, v in lowered.items() if k not in UNTRUSTED_HEADERS},
-                priority=self.objectives.get(objective, 0),
-                size=len(body),
-            )
+            parsed = parser.parse_request(path, body, headers)
         except BadRequestError as e:
             raise errors.bad_request(str(e)) from None
-        return request, body, client_model
+        except RecursionError:
+            raise errors.bad_request("request body is nested too deeply") from None
+        raw = parsed.payload
+        if raw is not None and (b"\\ud" in body or b"\\uD" in body):  # an escaped surrogate: all paired?
+            _check_text(raw)
+        lowered = {k.lower(): v for k, v in headers.items()}
+        client_model = parsed.model
+        model = client_model
+        # Rewrites come from configuration (InferenceModelRewrite), never from the client: its
+        # x-gateway-model-name-rewrite header is ignored and stripped. A body forwarded unread
+        # (payload None) is never rewritten.
+        if raw is not None and client_model:
+            target = self.rewrites.target_model(client_model)
+            if target is not None and target != client_model:
+                raw["model"] = model = target
+                body = json.dumps(raw).encode()
+        objective = lowered.get(OBJECTIVE_HEADER, "")
+        request = InferenceRequest(
+            target_model=model,
+            body=parsed.body,
+            request_id=lowered.get(REQUEST_ID_HEADER) or uuid.uuid4().hex,
+            headers={k: v for k, v in lowered.items() if k not in UNTRUSTED_HEADERS},
+            priority=self.objectives.get(objective, 0),
+            objective=objective,
+            size=len(body),
+        )
+        return request, body, client_model, parser, not parsed.skip_response
 
-    def decide(self, body: bytes, headers: Mapping[str, str], kind: RequestKind | None = None) -> Decision:
+    def decide(self, body: bytes, headers: Mapping[str, str], path: str = DEFAULT_PATH) -> Decision:
         """Parse, admit, schedule and run PreRequest hooks. Raises `RequestError` with its status."""
-        request, body, client_model = self.parse(body, headers, kind)
+        request, body, client_model, parser, read_response = self.parse(body, headers, path)
         model = request.target_model
-        if self.known_models is not None:
+        if self.known_models is not None and model:
             known = self.known_models()
             if known and model not in known:
                 self.observer.error(client_model, model, "model_not_found")
@@ -161,7 +169,8 @@ class Director:
         except RequestError as e:
             self.observer.error(client_model, model, e.code)
             raise
-        return Decision(request, result, body, client_model)
+        usage = UsageReader(parser, self.max_body_bytes) if read_response else None
+        return Decision(request, result, body, client_model, usage)
 
     def schedule(self, request: InferenceRequest, exclude: frozenset[str] = frozenset()) -> SchedulingResult:
         """The request path on the datastore's snapshot, without the endpoints named in `exclude`."""
@@ -171,19 +180,27 @@ class Director:
         return self.path.decide(request, snapshot)
 
     # Response hooks, called by the front end as the response arrives.
-    def response_received(self, request: InferenceRequest, response: Response, endpoint: Endpoint) -> None:
+    def response_received(self, d: Decision, response: Response, endpoint: Endpoint) -> None:
         if self.health is not None and response.status:
             self.health.answered(endpoint.name, response.status)
+        if d.usage is not None:
+            d.usage.start(response)
         for hook in self.config.hooks.response_received:
-            safely(hook.response_received, request, response, endpoint)
+            safely(hook.response_received, d.request, response, endpoint)
 
-    def response_streaming(self, request: InferenceRequest, response: Response, endpoint: Endpoint) -> None:
+    def response_streaming(self, d: Decision, response: Response, endpoint: Endpoint) -> None:
+        if d.usage is not None:
+            d.usage.feed(response)
         for hook in self.config.hooks.response_streaming:
-            safely(hook.response_streaming, request, response, endpoint)
+            safely(hook.response_streaming, d.request, response, endpoint)
 
-    def response_complete(self, request: InferenceRequest, response: Response, endpoint: Endpoint) -> None:
+    def response_complete(self, d: Decision, response: Response, endpoint: Endpoint) -> None:
+        if d.usage is not None:
+            d.usage.finish(response)
+            if response.usage is not None:
+                self.observer.usage(d.client_model, d.request.target_model, response.usage)
         for hook in self.config.hooks.response_complete:
-            safely(hook.response_complete, request, response, endpoint)
+            safely(hook.response_complete, d.request, response, endpoint)
 
 
 def _check_text(value: object) -> None:

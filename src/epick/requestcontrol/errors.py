@@ -55,3 +55,13 @@ def no_endpoints(message: str = "no ready endpoint to serve the request") -> Req
 
 def shed(message: str) -> RequestError:
     return RequestError(429, message, "shed")
+
+
+def no_parser(path: str, accepted: list[str]) -> RequestError:
+    """No configured parser claims `path` (and none is a fallback)."""
+    served = ", ".join(accepted) or "none"
+    return RequestError(
+        404,
+        f"no parser accepts the path {path!r}; the configured parsers accept paths ending in {served}",
+        "path_not_served",
+    )

@@ -11,10 +11,13 @@ from prometheus_client.registry import Collector
 
 from epick.config import LoadedConfig
 from epick.datalayer.datastore import Datastore
-from epick.framework import InferenceRequest, Plugin
+from epick.framework import InferenceRequest, Plugin, Usage
 from epick.plugins.prefix.scorer import PrefixCacheScorer
 from epick.requestcontrol.director import Observer
 
+# GIE's token-count buckets (pkg/epp/metrics/metrics.go).
+TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536, 131072, 262144,
+                 524288, 1048576)  # fmt: skip
 SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
@@ -84,6 +87,19 @@ class EppMetrics(Observer):
             ["model_name", "target_model_name", "error_code"],
             registry=r,
         )
+        tokens = ["model_name", "target_model_name"]
+        self._input_tokens = Histogram(
+            "inference_objective_input_tokens", "Input token count per request.", tokens,
+            buckets=TOKEN_BUCKETS, registry=r,
+        )  # fmt: skip
+        self._output_tokens = Histogram(
+            "inference_objective_output_tokens", "Output token count per request.", tokens,
+            buckets=TOKEN_BUCKETS, registry=r,
+        )  # fmt: skip
+        self._cached_tokens = Histogram(
+            "inference_objective_prompt_cached_tokens", "Prompt tokens served from the cache per request.",
+            tokens, buckets=TOKEN_BUCKETS, registry=r,
+        )  # fmt: skip
         self.plugin_duration = Histogram(
             "inference_extension_plugin_duration_seconds",
             "Plugin processing latency by extension point.",
@@ -105,3 +121,8 @@ class EppMetrics(Observer):
 
     def error(self, model: str, target_model: str, code: str) -> None:
         self._errors.labels(model, target_model, code).inc()
+
+    def usage(self, model: str, target_model: str, usage: Usage) -> None:
+        self._input_tokens.labels(model, target_model).observe(usage.prompt_tokens)
+        self._output_tokens.labels(model, target_model).observe(usage.completion_tokens)
+        self._cached_tokens.labels(model, target_model).observe(usage.cached_tokens)

@@ -22,6 +22,7 @@ from epick.framework import (
     SchedulingError,
     SchedulingResult,
     Snapshot,
+    Usage,
 )
 from epick.requestcontrol import errors
 from epick.requestcontrol.errors import RequestError
@@ -40,6 +41,9 @@ class Observer:
 
     def error(self, model: str, target_model: str, code: str) -> None:
         pass
+
+    def usage(self, model: str, target_model: str, usage: Usage) -> None:
+        """A response's token usage, as its parser read it."""
 
 
 class RequestPath:

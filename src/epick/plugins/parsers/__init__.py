@@ -1,0 +1,10 @@
+"""Request parsers (`openai-parser`, `anthropic-parser`, `vllmhttp-parser`, `sglanghttp-parser`,
+`passthrough-parser`): each claims the paths of one API and reads its bodies and usage."""
+
+PARSER_TYPES = (
+    "openai-parser",
+    "anthropic-parser",
+    "vllmhttp-parser",
+    "sglanghttp-parser",
+    "passthrough-parser",
+)
