@@ -40,7 +40,13 @@ from epick.config.schema import (
     split_feature_gate,
 )
 from epick.config.suggest import did_you_mean
-from epick.config.upstream import EQUIVALENT_FIXES, UPSTREAM_TYPES, feature_gate, upstream_type
+from epick.config.upstream import (
+    EQUIVALENT_FIXES,
+    UPSTREAM_TYPES,
+    feature_gate,
+    retired_feature_gate,
+    upstream_type,
+)
 from epick.framework import (
     Filter,
     Parser,
@@ -314,9 +320,16 @@ class _Builder:
         return f"unknown plugin type {type_name!r}", fix
 
     def _feature_gate_warnings(self) -> None:
-        """Schema validation let only upstream's gates through; epick acts on none of them."""
+        """Schema validation let only upstream's gates through, current or retired."""
         for entry in self.doc.feature_gates:
             name, _ = split_feature_gate(entry)
+            retired = retired_feature_gate(name)
+            if retired is not None:
+                self.warnings.append(
+                    f"feature gate {entry!r} has no effect: it {retired.did}; upstream removed it in "
+                    f"{retired.removed_in} ({retired.change}), and epick {retired.in_epick}"
+                )
+                continue
             gate = feature_gate(name)
             assert gate is not None
             default = "on" if gate.enabled_by_default else "off"

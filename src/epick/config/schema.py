@@ -3,7 +3,10 @@
 `featureGates` entries are checked as upstream's loader checks them (llm-d/llm-d-router,
 pkg/epp/config/loader/validation.go, `validateFeatureGates`): `name` or `name=<bool>`, the name one
 of the gates upstream registers (`epick.config.upstream.FEATURE_GATES`), the value one that Go's
-`strconv.ParseBool` takes after trimming and lower-casing.
+`strconv.ParseBool` takes after trimming and lower-casing. A gate upstream registered in an earlier
+release and has since removed (`RETIRED_FEATURE_GATES`: GIE v1.5's `dataLayer` and
+`enableLegacyMetrics`, llm-d v0.8's `prepareDataPlugins`) is accepted, so that those releases' files
+load unchanged; the loader warns that it has no effect.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pydantic_core import PydanticCustomError
 
 from epick.config.issues import CONFIG_ISSUE
 from epick.config.suggest import did_you_mean
-from epick.config.upstream import FEATURE_GATES, retired_feature_gate
+from epick.config.upstream import FEATURE_GATES, RETIRED_FEATURE_GATES, retired_feature_gate
 
 # GIE's older group and the one it used later, and llm-d's: v1alpha1, which upstream's loader
 # decodes today (llm-d/llm-d-router, apix/config/v1alpha1), and v1.
@@ -44,19 +47,11 @@ def _check_feature_gate(entry: str) -> str:
     parts = entry.split("=")
     name = parts[0]
     known = [g.name for g in FEATURE_GATES]
-    if name not in known:
+    if name not in known and retired_feature_gate(name) is None:
         listed = f"known gates: {', '.join(known)}"
-        retired = retired_feature_gate(name)
-        if retired is not None:
-            message = (
-                f"feature gate {name!r} is no longer an upstream gate: it {retired.did}; upstream removed "
-                f"it in {retired.removed_in} ({retired.change})"
-            )
-            fix = f"remove it ({listed})"
-        else:
-            message = f"unknown feature gate {name!r}"
-            close = did_you_mean(name, known)
-            fix = f"did you mean {close!r}? ({listed})" if close else f"remove it, or use one of the {listed}"
+        message = f"unknown feature gate {name!r}"
+        close = did_you_mean(name, known + [g.name for g in RETIRED_FEATURE_GATES])
+        fix = f"did you mean {close!r}? ({listed})" if close else f"remove it, or use one of the {listed}"
         raise PydanticCustomError(CONFIG_ISSUE, "{message}", {"message": message, "fix": fix})
     if len(parts) > 1 and parts[1].strip().lower() not in _GATE_VALUES:
         raise PydanticCustomError(

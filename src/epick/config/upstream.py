@@ -359,12 +359,14 @@ FEATURE_GATES: tuple[FeatureGate, ...] = (
 
 @dataclass(frozen=True, slots=True)
 class RetiredFeatureGate:
-    """A gate upstream registered once and removed: its loader now rejects it as unknown."""
+    """A gate upstream registered once and removed: its loader now rejects it as unknown, but the
+    files of the releases that had it (GIE v1.5.0, llm-d-inference-scheduler v0.8.0) still carry it."""
 
     name: str
     removed_in: str  # the first llm-d-router release without it
     change: str  # the upstream change that removed it
     did: str  # what it did
+    in_epick: str  # why it has no effect in epick
 
 
 RETIRED_FEATURE_GATES: tuple[RetiredFeatureGate, ...] = (
@@ -373,18 +375,21 @@ RETIRED_FEATURE_GATES: tuple[RetiredFeatureGate, ...] = (
         "v0.10.0",
         "llm-d/llm-d-router#1728",
         "turned on the data layer, which upstream always runs now",
+        "always runs its data layer",
     ),
     RetiredFeatureGate(
         "enableLegacyMetrics",
         "v0.9.0",
         "llm-d/llm-d-router#1418",
         "fell back to the legacy backend/metrics polling, since deleted",
+        "scrapes metrics through its data layer only",
     ),
     RetiredFeatureGate(
         "prepareDataPlugins",
         "v0.9.0",
         "kubernetes-sigs/gateway-api-inference-extension#2453",
         "turned on the PrepareData plugins, which upstream always runs now",
+        "always runs its data producers",
     ),
 )
 
