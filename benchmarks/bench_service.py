@@ -31,8 +31,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
-from epick.datalayer.engines import ENGINES
-from epick.datalayer.parse import parse_metrics
+from epick.plugins.datalayer.engines import ENGINES
+from epick.plugins.datalayer.prometheus import parse_metrics
 from epick.sim.metrics import TTFT_BUCKETS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,7 +159,7 @@ async def bench_scrape_cpu(endpoints: int, seconds: float) -> float:
         cpu, wall = time.process_time(), time.perf_counter()
         await asyncio.sleep(seconds)
         used = (time.process_time() - cpu) / (time.perf_counter() - wall)
-        scrapes = sum(s.scrapes for s in pool.scrapers.values())
+        scrapes = sum(s.scrapes for group in pool.scrapers.values() for s in group)
         await pool.stop()
         if scrapes == 0:
             raise RuntimeError("no scrape succeeded")

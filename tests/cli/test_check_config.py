@@ -38,6 +38,8 @@ def test_good_file_prints_ok_and_one_line_per_profile(capsys: pytest.CaptureFixt
         "  profile handler: single-profile-handler/single-profile-handler",
         "  parsers: openai-parser/openai-parser, anthropic-parser/anthropic-parser, "
         "vllmhttp-parser/vllmhttp-parser, passthrough-parser/passthrough-parser",
+        "  data sources: metrics-data-source/metrics-data-source -> "
+        "core-metrics-extractor/core-metrics-extractor",
     ]
 
 
@@ -60,10 +62,11 @@ def test_all_shipped_configs_at_once(capsys: pytest.CaptureFixture[str]) -> None
     for name, n_profiles in files.items():
         lines = blocks[name]
         assert sum(line.startswith("profile ") and "handler" not in line for line in lines) == n_profiles
-        assert lines[-2].startswith("profile handler: ")
-        assert lines[-1].startswith("parsers: ")
+        assert lines[-3].startswith("profile handler: ")
+        assert lines[-2].startswith("parsers: ")
+        assert lines[-1].startswith("data sources: metrics-data-source/metrics-data-source")
     assert "profile decode: filters [decode-filter/decode-filter]" in blocks["pd"][0]
-    assert blocks["pd"][-2] == "profile handler: disagg-profile-handler/disagg-profile-handler"
+    assert blocks["pd"][-3] == "profile handler: disagg-profile-handler/disagg-profile-handler"
     assert "picker candidate-picker/weighted-random-picker" in blocks["shadow"][1]
 
 
@@ -96,7 +99,7 @@ def test_bad_files_exit_2_and_list_every_error(tmp_path: Path, capsys: pytest.Ca
     assert "bad2" not in out
     assert err.splitlines() == [
         f"{bad1}: plugins[0].type: unknown plugin type 'queue-scorrer' (fix: did you mean 'queue-scorer'? "
-        "(run 'epick plugins' to list them; 43 are registered))",
+        "(run 'epick plugins' to list them; 53 are registered))",
         f"{bad1}: plugins[1].parameters.maxNumOfEndpoints: max-score-picker: Input should be greater than or "
         "equal to 1 (got 0) (fix: correct the value; parameters of this type: maxNumOfEndpoints)",
         f"{bad2}: apiVersion: 'v2' is not allowed here (fix: use 'inference.networking.x-k8s.io/v1alpha1', "
@@ -104,7 +107,7 @@ def test_bad_files_exit_2_and_list_every_error(tmp_path: Path, capsys: pytest.Ca
         "or 'llm-d.ai/v1')",
         f"{bad2}: schedulingProfile: unknown field 'schedulingProfile' (fix: did you mean "
         "'schedulingProfiles'? (allowed here: apiVersion, kind, plugins, schedulingProfiles, featureGates, "
-        "saturationDetector, data, dataLayer, flowControl, requestControl, parser, requestHandler))",
+        "saturationDetector, dataLayer, data, flowControl, requestControl, parser, requestHandler))",
         f"{missing}: cannot read the file: No such file or directory",
     ]
 
@@ -133,7 +136,7 @@ def test_plugins_lists_all_in_tree_types(capsys: pytest.CaptureFixture[str]) -> 
     listed = [line.split()[0] for line in out.splitlines()]
     in_tree = [spec.type for spec in in_tree_plugins()]
     aliases = [alias for spec in in_tree_plugins() for alias in spec.aliases]
-    assert (len(in_tree), len(aliases)) == (36, 7)
+    assert (len(in_tree), len(aliases)) == (46, 7)
     assert set(in_tree) <= set(listed)
     # Exactly the registered types (in-tree plus any installed out-of-tree ones), each once, with
     # their aliases on their line.

@@ -765,7 +765,13 @@ def test_a_good_load_after_a_bad_one_is_unaffected(tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text(HEADER + "plugins:\n- type: queue-scorer\n")
     config = load_config_file(good)
-    assert list(config.plugins) == ["queue-scorer", "max-score-picker", "single-profile-handler"]
+    assert list(config.plugins) == [
+        "queue-scorer",
+        "max-score-picker",
+        "single-profile-handler",
+        "metrics-data-source",
+        "core-metrics-extractor",
+    ]
 
 
 # --- once bugs, now fixed ---------------------------------------------------------------------------

@@ -77,7 +77,14 @@ def test_default_config_is_the_go_epp_default() -> None:
         "prefix-cache-scorer",
         "max-score-picker",
         "single-profile-handler",
+        # The data layer's defaults, as upstream injects them.
+        "metrics-data-source",
+        "core-metrics-extractor",
     ]
+    (polled,) = config.data_layer.polled
+    assert polled.source is config.plugins["metrics-data-source"]
+    assert polled.extractors == (config.plugins["core-metrics-extractor"],)
+    assert config.data_layer.injected
 
 
 def test_default_yaml_file_loads_to_the_builtin_default() -> None:
@@ -97,6 +104,8 @@ def test_summary_lines() -> None:
         "profile handler: single-profile-handler/single-profile-handler",
         "parsers: openai-parser/openai-parser, anthropic-parser/anthropic-parser, "
         "vllmhttp-parser/vllmhttp-parser, passthrough-parser/passthrough-parser",
+        "data sources: metrics-data-source/metrics-data-source -> "
+        "core-metrics-extractor/core-metrics-extractor",
     ]
 
 
@@ -552,16 +561,14 @@ def test_saturation_detector_plugin_ref_form() -> None:
 def test_ignored_sections_produce_warnings() -> None:
     config = load(
         """\
-        data: {}
-        dataLayer: {sources: []}
         flowControl: {}
         requestControl: {}
         featureGates: [flowControl]
         """
     )
-    assert len(config.warnings) == 5
+    assert len(config.warnings) == 3
     assert all("accepted but not used" in w for w in config.warnings)
-    assert sum(w.startswith("section ") for w in config.warnings) == 4
+    assert sum(w.startswith("section ") for w in config.warnings) == 2
     # Feature gates: upstream's known ones only (an unknown one fails; tests/config/test_upstream.py).
     assert (
         sum(w.startswith("feature gate 'flowControl' is accepted but not used") for w in config.warnings) == 1
@@ -571,9 +578,9 @@ def test_ignored_sections_produce_warnings() -> None:
 
 
 def test_ignored_section_warnings_name_the_yaml_keys() -> None:
-    config = load("dataLayer: {}\nflowControl: {}\nrequestControl: {}\n")
+    config = load("flowControl: {}\nrequestControl: {}\n")
     text = "\n".join(config.warnings)
-    for key in ("dataLayer", "flowControl", "requestControl"):
+    for key in ("flowControl", "requestControl"):
         assert f"'{key}'" in text
 
 

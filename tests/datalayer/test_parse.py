@@ -10,9 +10,9 @@ import time
 import aiohttp
 import pytest
 
-from epick.datalayer.engines import ENGINES, MetricSpec, UnknownEngineError, engine_names, engine_type
-from epick.datalayer.parse import MetricsParseError, parse_metrics
 from epick.framework import Metrics
+from epick.plugins.datalayer.engines import ENGINES, MetricSpec, UnknownEngineError, engine_names, engine_type
+from epick.plugins.datalayer.prometheus import MetricsParseError, parse_metrics
 from epick.sim.engine import RequestOutput
 from epick.sim.options import ServerOptions
 from epick.sim.server import SimServer

@@ -13,8 +13,8 @@ import pytest
 from aiohttp import web
 
 from epick.datalayer.datastore import Datastore, EndpointSpec
-from epick.datalayer.engines import ENGINE_LABEL, ENGINES
 from epick.datalayer.scraper import Scraper, ScraperPool
+from epick.plugins.datalayer.engines import ENGINE_LABEL, ENGINES
 from epick.sim.options import ServerOptions
 from epick.sim.server import SimServer
 from tests.datalayer.pages import AppServer, free_port, vllm_page, wait_until
@@ -103,7 +103,7 @@ async def test_metrics_of_sim_servers_land_in_the_datastore(make_sim: MakeSim) -
         assert first is not None and started - 0.01 <= first <= time.time()
         # The scrapes go on: the update time moves forward.
         await wait_until(lambda: (ds.get("a").metrics.update_time or 0) > first)  # type: ignore[union-attr]
-        assert pool.scrapers["a"].scrapes >= 2 and pool.scrapers["a"].failures == 0
+        assert pool.scraper("a").scrapes >= 2 and pool.scraper("a").failures == 0
     finally:
         await pool.stop()
 
@@ -296,15 +296,15 @@ async def test_pool_follows_the_datastore(make_sim: MakeSim) -> None:
         assert set(pool.scrapers) == {"a", "b"}
         await wait_until(lambda: ds.get("b").metrics.update_time is not None)  # type: ignore[union-attr]
 
-        old_a = pool.scrapers["a"]
+        old_a = pool.scraper("a")
         ds.remove("a")
         assert set(pool.scrapers) == {"b"}
         await wait_until(lambda: old_a._task is not None and old_a._task.done(), what="a's scraper stops")
 
         # A changed spec gets a new scraper (with the names its engine label asks for).
-        old_b = pool.scrapers["b"]
+        old_b = pool.scraper("b")
         ds.upsert(spec_for(f"127.0.0.1:{b.port}", "b", **{ENGINE_LABEL: "sglang"}))
-        new_b = pool.scrapers["b"]
+        new_b = pool.scraper("b")
         assert new_b is not old_b and new_b.names is ENGINES["sglang"]
         await wait_until(lambda: old_b._task is not None and old_b._task.done(), what="old b stops")
         # The sim speaks vLLM: read as sglang its page is missing metrics, and b turns unhealthy.
@@ -338,9 +338,10 @@ async def test_stopped_pool_no_longer_follows_the_datastore() -> None:
     try:
         assert pool.scrapers == {}
     finally:
-        for scraper in pool.scrapers.values():
-            with contextlib.suppress(Exception):
-                await scraper.stop()
+        for scrapers in pool.scrapers.values():
+            for scraper in scrapers:
+                with contextlib.suppress(Exception):
+                    await scraper.stop()
 
 
 async def test_endpoint_that_closes_without_answering_is_a_failed_scrape(make_scraper: MakeScraper) -> None:

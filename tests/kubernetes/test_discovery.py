@@ -104,7 +104,7 @@ async def test_selector_lists_only_ready_pods_with_an_ip_not_being_deleted(
     fake.add_pod("f", VLLM, "10.0.0.6", namespace="elsewhere")
     d = await make(selector="app=vllm")
     # start() returns with the datastore filled: no waiting
-    assert ds.specs() == [EndpointSpec("a", "10.0.0.1", 8000, {"app": "vllm", "tier": "gpu"})]
+    assert ds.specs() == [EndpointSpec("a", "10.0.0.1", 8000, {"app": "vllm", "tier": "gpu"}, "a")]
     assert d.source == "pods in default (app=vllm)"
     assert d.target_ports == (8000,)
 
@@ -154,7 +154,7 @@ async def test_pods_come_and_go_live(fake: FakeApiServer, make: Make, ds: Datast
     await wait_names(ds, set())
     fake.set_labels("x", {"app": "vllm", "new": "label"})  # now selected: ADDED
     await wait_names(ds, {"x"})
-    assert ds.spec("x") == EndpointSpec("x", "10.0.0.9", 8000, {"app": "vllm", "new": "label"})
+    assert ds.spec("x") == EndpointSpec("x", "10.0.0.9", 8000, {"app": "vllm", "new": "label"}, "x")
     fake.set_labels("x", {"app": "vllm", "new": "value"})  # labels follow
     await eventually(lambda: ds.spec("x") is not None and ds.spec("x").labels["new"] == "value", ds.specs)  # type: ignore[union-attr]
     fake.set_ip("x", "10.0.1.9")
@@ -188,7 +188,7 @@ async def test_inference_pool_v1(fake: FakeApiServer, make: Make, ds: Datastore)
     fake.add_pod("a", VLLM, "10.0.0.1")
     fake.add_pod("b", {"app": "sglang"}, "10.0.0.2")
     d = await make(pool="pool")
-    assert ds.specs() == [EndpointSpec("a", "10.0.0.1", 8000, VLLM)]
+    assert ds.specs() == [EndpointSpec("a", "10.0.0.1", 8000, VLLM, "a")]
     assert d.source == "InferencePool default/pool"
     fake.add_pod("c", VLLM, "10.0.0.3")
     await wait_names(ds, {"a", "c"})
@@ -211,12 +211,12 @@ async def test_inference_pool_v1alpha2_when_v1_has_none(
     fake.put_pool("old", VLLM, [8100], version="v1alpha2")
     fake.add_pod("a", VLLM, "10.0.0.1")
     await make(pool="old")
-    assert ds.specs() == [EndpointSpec("a", "10.0.0.1", 8100, VLLM)]
+    assert ds.specs() == [EndpointSpec("a", "10.0.0.1", 8100, VLLM, "a")]
     await wait_watching(fake, "inferencepools")
     fake.put_pool("old", {"app": "vllm", "v": "2"}, [8200], version="v1alpha2")  # watched in v1alpha2
     fake.add_pod("b", {"app": "vllm", "v": "2"}, "10.0.0.2")
     await wait_names(ds, {"b"})
-    assert ds.spec("b") == EndpointSpec("b", "10.0.0.2", 8200, {"app": "vllm", "v": "2"})
+    assert ds.spec("b") == EndpointSpec("b", "10.0.0.2", 8200, {"app": "vllm", "v": "2"}, "b")
 
 
 async def test_pool_selector_or_ports_change_relists(fake: FakeApiServer, make: Make, ds: Datastore) -> None:
@@ -233,7 +233,7 @@ async def test_pool_selector_or_ports_change_relists(fake: FakeApiServer, make: 
     assert sorted(s.host_port for s in ds.specs()) == ["10.0.0.2:9000", "10.0.0.2:9001"]
     fake.put_pool("pool", {"app": "sglang"}, [9000])
     await wait_names(ds, {"b"})
-    assert ds.spec("b") == EndpointSpec("b", "10.0.0.2", 9000, {"app": "sglang"})
+    assert ds.spec("b") == EndpointSpec("b", "10.0.0.2", 9000, {"app": "sglang"}, "b")
     # the new selector is watched live
     await wait_watching(fake, "pods")
     fake.add_pod("c", {"app": "sglang"}, "10.0.0.3")

@@ -176,7 +176,13 @@ class _Handle:
 
 # Types with a parameter that has no default.
 _TREE = {"current": {"pluginRef": "low-queue-filter"}}
-REQUIRED_PARAMETERS = {"by-label": {"label": "tier"}, "decision-tree-filter": _TREE, "decision-tree": _TREE}
+REQUIRED_PARAMETERS = {
+    "by-label": {"label": "tier"},
+    "decision-tree-filter": _TREE,
+    "decision-tree": _TREE,
+    "k8s-notification-source": {"version": "v1", "kind": "Pod"},
+    "file-discovery": {"path": "endpoints.yaml"},
+}
 
 
 def in_tree_types(kind: type) -> set[str]:

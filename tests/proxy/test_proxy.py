@@ -352,7 +352,7 @@ async def test_endpoint_down_with_the_default_config(
     )
     assert all(r.status_code == 200 and r.headers[ENDPOINT_HEADER] in sims for r in results)
     await wait_until(lambda: not service.datastore.is_healthy(down), what="down endpoint unhealthy")
-    assert service.scrapers.scrapers[down].consecutive_failures >= 3
+    assert service.scrapers.scraper(down).consecutive_failures >= 3
 
 
 async def test_503_before_the_first_byte_is_retried_elsewhere(

@@ -372,7 +372,7 @@ async def test_garbage_metrics_take_the_endpoint_out_after_three_failed_scrapes(
     good = [name_of(await make_sim()) for _ in range(2)]
     names = [good[0], fake.name, good[1]]
     service = await make_service(names, steering_config(), wait=False)
-    scraper = service.scrapers.scrapers[fake.name]
+    scraper = service.scrapers.scraper(fake.name)
     await wait_until(lambda: scraper.failures >= 3, what="three scrapes of the garbage")
     # Three failures in a row (none ever succeeded): out of the candidates, and no metrics were taken.
     assert scraper.scrapes == 0 and scraper.last_error is not None

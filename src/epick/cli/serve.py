@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from epick.config import ConfigError, LoadedConfig, load_config
 from epick.datalayer.datastore import Datastore, EndpointSpec
+from epick.datalayer.discovery.file import FileDiscoveryRunner
 from epick.datalayer.discovery.kubernetes import KubernetesDiscovery
 from epick.datalayer.discovery.static import DiscoveryError, load_endpoints_file, parse_endpoints_flag
 from epick.datalayer.health import EndpointHealth, OutlierPolicy
@@ -192,12 +193,15 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
             bool(args.endpoints),
             bool(args.pool_name or args.endpoint_selector),
         ]
-        if sum(sources) != 1:
+        if sum(sources) > 1 or (sum(sources) == 0 and not args.config_file):
             raise DiscoveryError(
                 "give one source of endpoints: --endpoints host:port,..., --endpoints-file FILE, "
-                "or Kubernetes with --pool-name NAME or --endpoint-selector SELECTOR"
+                "Kubernetes with --pool-name NAME or --endpoint-selector SELECTOR, or a config file "
+                "whose dataLayer.discovery names a file-discovery plugin"
             )
-        if args.endpoints_file:
+        if sum(sources) == 0:
+            pass  # the config's dataLayer.discovery (checked once the config is loaded)
+        elif args.endpoints_file:
             specs = load_endpoints_file(args.endpoints_file)
         elif args.endpoints:
             specs = parse_endpoints_flag(args.endpoints)
@@ -282,7 +286,9 @@ class Service:
         self.datastore = Datastore()
         self.datastore.replace_all(options.endpoints)
         self.metrics = EppMetrics(options.pool_name, self.datastore, lambda: self.director.config)
-        self.scrapers = ScraperPool(self.datastore, interval=options.refresh_metrics_interval)
+        self.scrapers = ScraperPool(
+            self.datastore, interval=options.refresh_metrics_interval, plan=self.config.data_layer
+        )
         self.catalog = ModelCatalog(self.datastore)
         self.health = EndpointHealth(self.datastore, options.outliers)
         self._rewrite_rng = random.Random(options.seed)  # one stream of weighted picks across reloads
@@ -306,8 +312,18 @@ class Service:
         )
         self.extproc = ExtProcServer(self.director, options.extproc) if options.extproc else None
         self._metrics_runner: web.AppRunner | None = None
-        self.discovery: KubernetesDiscovery | None = None
+        self.discovery: KubernetesDiscovery | FileDiscoveryRunner | None = None
         k8s = options.kubernetes
+        configured = self.config.data_layer.discovery
+        if configured is not None and (k8s is not None or options.endpoints):
+            log.warning(
+                "dataLayer.discovery (%s) is ignored: endpoints come from the command line",
+                configured.typed_name,
+            )
+        elif configured is not None:
+            self.discovery = FileDiscoveryRunner(self.datastore, configured)
+        elif k8s is None and not options.endpoints and options.config_file is not None:
+            log.warning("no endpoints: the config names no dataLayer.discovery and none were given")
         if k8s is not None:
             self.discovery = KubernetesDiscovery(
                 self.datastore,
@@ -373,6 +389,7 @@ class Service:
             log.error("reload refused, keeping the running config and rewrites: %s", e)
             return False
         self.director.replace_config(self._prepare(fresh))
+        self.scrapers.set_plan(fresh.data_layer)
         self._file_rewrites = file_rewrites
         self.director.rewrites = self._rewrites()
         log.info("config reloaded from %s", self.options.config_file or "<default config>")

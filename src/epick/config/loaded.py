@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from epick.config.datalayer import DataLayerPlan
 from epick.framework import (
     ParserSet,
     Plugin,
@@ -51,6 +52,7 @@ class LoadedConfig:
     saturation_detector: UtilizationDetector
     parsers: ParserSet
     warnings: list[str]
+    data_layer: DataLayerPlan = field(default_factory=DataLayerPlan)
     # Per plugin: its type and parameters as built, and the plugins its factory used (for a reload
     # that keeps the instances whose configuration did not change: `load_config(previous=)`).
     fingerprints: dict[str, str] = field(default_factory=dict)
@@ -67,4 +69,16 @@ class LoadedConfig:
         lines.append(f"profile handler: {self.scheduler.handler.typed_name}")
         served = ", ".join(str(p.typed_name) for p in self.parsers.parsers) or "none"
         lines.append(f"parsers: {served}")
+        plan = self.data_layer
+        polled = "; ".join(
+            f"{p.source.typed_name} -> {', '.join(str(e.typed_name) for e in p.extractors) or 'nothing'}"
+            for p in plan.polled
+        )
+        lines.append(f"data sources: {polled or 'none'}")
+        if plan.endpoint_extractors:
+            lines.append(
+                "endpoint extractors: " + ", ".join(str(e.typed_name) for e in plan.endpoint_extractors)
+            )
+        if plan.discovery is not None:
+            lines.append(f"discovery: {plan.discovery.typed_name} ({plan.discovery.path})")
         return lines

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from epick.config.datalayer import DataLayerBuilder
 from epick.config.defaults import (
     DEFAULT_CONFIG_YAML,
     DEFAULT_HANDLER,
@@ -240,6 +241,9 @@ class _Builder:
         profiles, handler = self._assemble()
         detector = self._saturation_detector()
         parsers = self._parsers()
+        data_layer = DataLayerBuilder(
+            self.doc, self.instances, self.fail, self.warnings.append, self._default_instance
+        ).build()
         self.check()
         assert handler is not None
         scheduler = Scheduler(profiles, handler)
@@ -251,6 +255,7 @@ class _Builder:
             hooks=RequestHooks.from_plugins(plugins),
             saturation_detector=detector,
             parsers=parsers,
+            data_layer=data_layer,
             warnings=self.warnings,
             fingerprints=dict(self.fingerprints),
             uses={name: frozenset(used) for name, used in self.uses.items()},
@@ -647,6 +652,18 @@ class _Builder:
             self.fail(path, f"cannot make a default {ref!r}: {e}", f"define {ref!r} under 'plugins'")
             return None
         return plugin  # not among the config's plugins: it is the parser list's own
+
+    def _default_instance(self, type_name: str) -> Plugin | None:
+        """A plugin of `type_name` with default parameters, named after its type (an injected default)."""
+        spec = self.registry.get(type_name)
+        if spec is None:
+            return None
+        params = spec.parameters()
+        fingerprint = json.dumps([spec.type, params.model_dump(mode="json")], sort_keys=True, default=str)
+        self.fingerprints[type_name] = fingerprint
+        return self._running(type_name, fingerprint) or spec.factory(
+            type_name, params, _Handle(self, type_name)
+        )
 
     def _parser_types(self) -> list[str]:
         return [t for t in PARSER_TYPES if t in self.registry]

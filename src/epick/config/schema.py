@@ -119,6 +119,37 @@ class RequestHandlerSection(_Strict):
         return [] if v is None else v
 
 
+class ExtractorRef(_Strict):
+    plugin_ref: str = Field(alias="pluginRef")
+
+
+class DataLayerSource(_Strict):
+    plugin_ref: str = Field(alias="pluginRef")
+    extractors: list[ExtractorRef] = Field(default_factory=list)
+
+    @field_validator("extractors", mode="before")
+    @classmethod
+    def _null_is_empty(cls, v: Any) -> Any:
+        return [] if v is None else v
+
+
+class DataLayerSection(_Strict):
+    """The data layer: polling and notification sources with their extractors, and discovery
+    (GIE v1.5's `dataLayer`, llm-d's additions; GIE v1.3-1.4 called the section `data`)."""
+
+    inject_defaults: bool | None = Field(default=None, alias="injectDefaults")
+    sources: list[DataLayerSource] = Field(default_factory=list)
+    discovery: ExtractorRef | None = None
+    peer_discovery: ExtractorRef | None = Field(default=None, alias="peerDiscovery")
+    cross_replica_syncer_plugin_ref: str | None = Field(default=None, alias="crossReplicaSyncerPluginRef")
+    cross_replica_sync_interval: str | None = Field(default=None, alias="crossReplicaSyncInterval")
+
+    @field_validator("sources", mode="before")
+    @classmethod
+    def _null_is_empty(cls, v: Any) -> Any:
+        return [] if v is None else v
+
+
 class EndpointPickerConfigFile(_Strict):
     api_version: ApiVersion = Field(alias="apiVersion")
     kind: Literal["EndpointPickerConfig"]
@@ -126,9 +157,9 @@ class EndpointPickerConfigFile(_Strict):
     scheduling_profiles: list[ProfileEntry] = Field(default_factory=list, alias="schedulingProfiles")
     feature_gates: list[FeatureGateEntry] = Field(default_factory=list, alias="featureGates")
     saturation_detector: SaturationDetectorSection | None = Field(default=None, alias="saturationDetector")
+    data_layer: DataLayerSection | None = Field(default=None, alias="dataLayer")
+    data: DataLayerSection | None = None  # GIE v1.3-1.4's name for dataLayer
     # Sections of the Go EPP's format that epick accepts but does not act on (reported as warnings).
-    data: dict[str, Any] | None = None
-    data_layer: dict[str, Any] | None = Field(default=None, alias="dataLayer")
     flow_control: dict[str, Any] | None = Field(default=None, alias="flowControl")
     request_control: dict[str, Any] | None = Field(default=None, alias="requestControl")
     # GIE v1.5's one parser; upstream now lists them under requestHandler.parsers (which wins).
@@ -142,8 +173,6 @@ class EndpointPickerConfigFile(_Strict):
 
 
 IGNORED_SECTIONS = {
-    "data": "epick's data layer is configured by flags",
-    "data_layer": "epick's data layer is configured by flags",
     "flow_control": "epick has no flow-control layer yet",
     "request_control": "epick's request control is configured by flags",
 }

@@ -297,16 +297,7 @@ def missing_types(have: Iterable[str]) -> tuple[UpstreamType, ...]:
 
 # Upstream types whose work epick does without a plugin, and what to do instead. Only true
 # equivalents are listed; any other missing type's error points at docs/plugins.md.
-EQUIVALENT_FIXES: dict[str, str] = {
-    "metrics-data-source": (
-        "epick scrapes every endpoint's /metrics itself (serve --refresh-metrics-interval); "
-        "remove this plugin"
-    ),
-    "core-metrics-extractor": (
-        "epick reads the core metrics (waiting and running requests, KV-cache use, LoRA adapters) from its "
-        "own scrapes; remove this plugin"
-    ),
-}
+EQUIVALENT_FIXES: dict[str, str] = {}
 
 
 def missing_types_table(have: Iterable[str]) -> str:

@@ -18,6 +18,8 @@ class EndpointSpec:
     address: str
     port: int
     labels: Mapping[str, str]
+    pod_name: str = ""  # the Kubernetes pod ("" outside Kubernetes)
+    node_address: str = ""  # the pod's node IP (hostIP)
 
     @property
     def host_port(self) -> str:
@@ -50,9 +52,20 @@ class Datastore:
         old = self._specs.get(spec.name)
         if old == spec:
             return
-        metrics = self._endpoints[spec.name].metrics if spec.name in self._endpoints else Metrics()
+        old_endpoint = self._endpoints.get(spec.name)
+        metrics = old_endpoint.metrics if old_endpoint is not None else Metrics()
+        attributes = old_endpoint.attributes if old_endpoint is not None else {}
         self._specs[spec.name] = spec
-        self._endpoints[spec.name] = Endpoint(spec.name, spec.address, spec.port, dict(spec.labels), metrics)
+        self._endpoints[spec.name] = Endpoint(
+            spec.name,
+            spec.address,
+            spec.port,
+            dict(spec.labels),
+            metrics,
+            attributes,
+            spec.pod_name,
+            spec.node_address,
+        )
         self._snapshot = None
         for listener in self._listeners:
             listener(spec.name, spec)
@@ -80,6 +93,22 @@ class Datastore:
         if current is None:
             return  # removed while its scrape was in flight
         self._endpoints[name] = current.with_metrics(metrics)
+        self._snapshot = None
+
+    def update_attributes(self, name: str, attributes: Mapping[str, object]) -> None:
+        """Merge `attributes` (data key -> value; None removes the key) into the endpoint's."""
+        current = self._endpoints.get(name)
+        if current is None:
+            return
+        merged = dict(current.attributes)
+        for key, value in attributes.items():
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = value
+        if merged == current.attributes:
+            return
+        self._endpoints[name] = current.with_attributes(merged)
         self._snapshot = None
 
     def set_healthy(self, name: str, healthy: bool) -> None:

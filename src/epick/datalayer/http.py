@@ -9,19 +9,44 @@ body, reconnect when the server closes. Anything else about HTTP is out of scope
 from __future__ import annotations
 
 import asyncio
+import ssl
 
 
 class HTTPError(Exception):
     """The server answered something a scrape cannot use; the message says what."""
 
 
+def tls_context(
+    insecure_skip_verify: bool, ca_cert_path: str = "", client_cert_path: str = "", client_key_path: str = ""
+) -> ssl.SSLContext:
+    """A client TLS context as upstream's HTTP data sources build it: verification off with
+    `insecureSkipVerify`, else against `caCertPath` (or the system roots); a client certificate for mTLS."""
+    context = ssl.create_default_context(cafile=ca_cert_path or None)
+    if insecure_skip_verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if client_cert_path:
+        context.load_cert_chain(client_cert_path, client_key_path or None)
+    return context
+
+
 class MetricsClient:
-    def __init__(self, host: str, port: int, path: str = "/metrics", timeout: float = 1.0) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        path: str = "/metrics",
+        timeout: float = 1.0,
+        *,
+        tls: ssl.SSLContext | None = None,
+        accept: str = "text/plain",
+    ) -> None:
         self.host = host
         self.port = port
         self.timeout = timeout
+        self.tls = tls
         self._request = (
-            f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: text/plain\r\n"
+            f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: {accept}\r\n"
             "Accept-Encoding: identity\r\nUser-Agent: epick\r\n\r\n"
         ).encode()
         self._reader: asyncio.StreamReader | None = None
@@ -44,7 +69,13 @@ class MetricsClient:
 
     async def _exchange(self) -> tuple[int, str]:
         if self._writer is None or self._writer.is_closing():
-            self._reader, self._writer = await asyncio.open_connection(self.host, self.port, limit=1 << 22)
+            self._reader, self._writer = await asyncio.open_connection(
+                self.host,
+                self.port,
+                limit=1 << 22,
+                ssl=self.tls,
+                server_hostname=self.host if self.tls else None,
+            )
         reader, writer = self._reader, self._writer
         assert reader is not None
         writer.write(self._request)

@@ -1,25 +1,68 @@
-"""One async scraper per endpoint: GET /metrics every interval, parse, store; errors logged once per change.
+"""The data layer's polling: one async scraper per endpoint and polled source, as the config's
+`dataLayer` section says (by default a `metrics-data-source` read by a `core-metrics-extractor`).
 
-A failed or garbage scrape leaves the endpoint's last metrics in place with their old update time,
-so they go stale and the saturation detector treats the endpoint as saturated (as the Go EPP's
-utilization detector counts a stale endpoint). After
-`unhealthy_after` failures in a row the endpoint leaves the scheduling candidates until a scrape
-succeeds again.
+A scraper GETs its source's target every interval, hands the payload (Prometheus text, or decoded
+JSON) to the source's extractors, and stores what they read: core metrics replace the endpoint's,
+attributes merge into its. Errors are logged once per change.
+
+A failed or garbage scrape of the core metrics leaves the endpoint's last metrics in place with their
+old update time, so they go stale and the saturation detector treats the endpoint as saturated (as
+the Go EPP's utilization detector counts a stale endpoint). After `unhealthy_after` failures in a row
+the endpoint leaves the scheduling candidates until a scrape succeeds again. Other sources (DCGM,
+/v1/models) never make an endpoint unhealthy: their attributes just stop changing.
+Extractors of endpoint notifications (`topology-extractor`) run as endpoints appear and change.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import ssl
 import time
 
+from epick.config.datalayer import DataLayerPlan, PolledSource
 from epick.datalayer.datastore import Datastore, EndpointSpec
-from epick.datalayer.engines import EngineMetricNames, UnknownEngineError, engine_names, engine_type
-from epick.datalayer.http import HTTPError, MetricsClient
-from epick.datalayer.parse import MetricsParseError, parse_metrics
+from epick.datalayer.http import HTTPError, MetricsClient, tls_context
+from epick.framework import Endpoint
+from epick.framework.datalayer import ExtractError, PollTarget
+from epick.plugins.datalayer.core_metrics import CoreMetricsExtractor
+from epick.plugins.datalayer.engines import EngineMetricNames
+from epick.plugins.datalayer.http_source import PortOverrideParameters
+from epick.plugins.datalayer.metrics_source import MetricsDataSource
 
 log = logging.getLogger(__name__)
+
+
+def default_plan(path: str = "/metrics") -> DataLayerPlan:
+    """What epick scrapes without a config: each endpoint's /metrics, read with the core extractor."""
+    source = MetricsDataSource(None, PortOverrideParameters(path=path))
+    return DataLayerPlan((PolledSource(source, (CoreMetricsExtractor(),)),))
+
+
+def endpoint_of(spec: EndpointSpec) -> Endpoint:
+    """The endpoint as extractors see it (no metrics)."""
+    return Endpoint(
+        spec.name,
+        spec.address,
+        spec.port,
+        spec.labels,
+        pod_name=spec.pod_name,
+        node_address=spec.node_address,
+    )
+
+
+_TLS: dict[tuple[bool, str, str, str], ssl.SSLContext] = {}  # shared by every scraper of a source
+
+
+def _tls(target: PollTarget) -> ssl.SSLContext | None:
+    if target.scheme != "https":
+        return None
+    key = (target.insecure_skip_verify, target.ca_cert_path, target.client_cert_path, target.client_key_path)
+    if key not in _TLS:
+        _TLS[key] = tls_context(*key)
+    return _TLS[key]
 
 
 class Scraper:
@@ -32,20 +75,39 @@ class Scraper:
         timeout: float = 1.0,
         unhealthy_after: int = 3,
         path: str = "/metrics",
+        polled: PolledSource | None = None,
     ) -> None:
         self.spec = spec
         self.datastore = datastore
-        self.interval = interval
-        self.client = MetricsClient(spec.address, spec.port, path, timeout)
-        self.url = f"http://{spec.host_port}{path}"
+        self.polled = polled if polled is not None else default_plan(path).polled[0]
+        self.endpoint = endpoint_of(spec)
+        source = self.polled.source
+        self.interval = source.interval if source.interval is not None else interval
+        self.target = source.target(self.endpoint)
+        self.url = self.target.url
+        self.client: MetricsClient | None = None
+        self.setup_error: str | None = None
+        try:
+            self.client = MetricsClient(
+                self.target.host,
+                self.target.port,
+                self.target.path,
+                timeout,
+                tls=_tls(self.target),
+                accept="application/json" if source.payload == "json" else "text/plain",
+            )
+        except (OSError, ssl.SSLError, ValueError) as e:  # an unreadable CA or client certificate
+            self.setup_error = f"cannot set up TLS for {self.url}: {e}"
+        self.drives_health = self.polled.reads_core_metrics
         # An engine epick cannot read: every scrape fails with this (named, logged once), and the
         # endpoint leaves the candidates as any endpoint whose metrics cannot be read.
         self.names: EngineMetricNames | None = None
-        self.engine_error: str | None = None
-        try:
-            self.names = engine_names(engine_type(spec.labels))
-        except UnknownEngineError as e:
-            self.engine_error = str(e)
+        core = next((e for e in self.polled.extractors if isinstance(e, CoreMetricsExtractor)), None)
+        if core is not None:
+            try:
+                self.names = core.names_for(self.endpoint)
+            except ExtractError as e:
+                self.setup_error = str(e)
         self.unhealthy_after = unhealthy_after
         self.last_error: str | None = None
         self.scrapes = 0
@@ -54,51 +116,64 @@ class Scraper:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=f"scrape {self.spec.name}")
+        name = f"scrape {self.spec.name} {self.polled.source.typed_name}"
+        self._task = asyncio.create_task(self._run(), name=name)
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        self.client.close()
+        if self.client is not None:
+            self.client.close()
 
     async def scrape_once(self) -> None:
         started = time.time()
         try:
-            if self.names is None:
-                raise MetricsParseError(self.engine_error or "no engine")
+            if self.setup_error is not None or self.client is None:
+                raise ExtractError(self.setup_error or "no client")
             status, text = await self.client.get()
             if status != 200:
-                raise MetricsParseError(f"HTTP {status}")
-            metrics = parse_metrics(text, self.names, update_time=started)
+                raise ExtractError(f"HTTP {status}")
+            payload: str | object = text
+            if self.polled.source.payload == "json":
+                try:
+                    payload = json.loads(text)
+                except ValueError as e:
+                    raise ExtractError(f"not JSON: {e}") from None
+            results = [e.extract(payload, self.endpoint, started) for e in self.polled.extractors]
         except (
             TimeoutError,
             OSError,
             EOFError,
             HTTPError,
-            MetricsParseError,
+            ExtractError,
             ValueError,
             asyncio.LimitOverrunError,  # a response head longer than the client reads
             OverflowError,
         ) as e:
             self.failures += 1
             self.consecutive_failures += 1
-            if self.consecutive_failures >= self.unhealthy_after:
+            if self.drives_health and self.consecutive_failures >= self.unhealthy_after:
                 self.datastore.set_healthy(self.spec.name, False)
-            self._report(f"{type(e).__name__}: {e}" if not isinstance(e, MetricsParseError) else str(e))
+            self._report(f"{type(e).__name__}: {e}" if not isinstance(e, ExtractError) else str(e))
             return
         self.scrapes += 1
         self.consecutive_failures = 0
-        self.datastore.update_metrics(self.spec.name, metrics)
-        self.datastore.set_healthy(self.spec.name, True)
+        for result in results:
+            if result.metrics is not None:
+                self.datastore.update_metrics(self.spec.name, result.metrics)
+            if result.attributes:
+                self.datastore.update_attributes(self.spec.name, result.attributes)
+        if self.drives_health:
+            self.datastore.set_healthy(self.spec.name, True)
         self._report(None)
 
     def _report(self, error: str | None) -> None:
         if error == self.last_error:
             return
         if error is None:
-            log.info("metrics of %s (%s) are back", self.spec.name, self.url)
+            log.info("%s of %s (%s) are back", self.polled.source.typed_name.type, self.spec.name, self.url)
         else:
             log.warning("cannot scrape %s (%s): %s", self.spec.name, self.url, error)
         self.last_error = error
@@ -116,36 +191,74 @@ class Scraper:
 
 
 class ScraperPool:
-    """One scraper per endpoint in the datastore, started and stopped as endpoints come and go."""
+    """The scrapers of every endpoint in the datastore, for each polled source of the plan, started
+    and stopped as endpoints come and go; and the plan's endpoint extractors, run as they do."""
 
-    def __init__(self, datastore: Datastore, *, interval: float = 0.05, timeout: float = 1.0) -> None:
+    def __init__(
+        self,
+        datastore: Datastore,
+        *,
+        interval: float = 0.05,
+        timeout: float = 1.0,
+        plan: DataLayerPlan | None = None,
+    ) -> None:
         self.datastore = datastore
         self.interval = interval
         self.timeout = timeout
-        self.scrapers: dict[str, Scraper] = {}
+        self.plan = plan if plan is not None else default_plan()
+        self.scrapers: dict[str, list[Scraper]] = {}
         self._started = False
+        self._subscribed = False
         self._stopping: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         self._started = True
         for spec in self.datastore.specs():
             self._changed(spec.name, spec)
-        self.datastore.subscribe(self._changed)
+        if not self._subscribed:
+            self.datastore.subscribe(self._changed)
+            self._subscribed = True
+
+    def set_plan(self, plan: DataLayerPlan) -> None:
+        """A reloaded config's plan: scrapers restart only when what it polls changed."""
+        changed = plan.fingerprint != self.plan.fingerprint
+        self.plan = plan
+        if changed and self._started:
+            for spec in self.datastore.specs():
+                self._changed(spec.name, spec)
+
+    def scraper(self, name: str) -> Scraper | None:
+        """The core-metrics scraper of endpoint `name` (or its first scraper)."""
+        found = self.scrapers.get(name) or []
+        return next((s for s in found if s.drives_health), found[0] if found else None)
 
     def _changed(self, name: str, spec: EndpointSpec | None) -> None:
-        old = self.scrapers.pop(name, None)
-        if old is not None:
+        for old in self.scrapers.pop(name, []):
             task = asyncio.get_running_loop().create_task(old.stop())
             self._stopping.add(task)
             task.add_done_callback(self._stopping.discard)
-        if spec is not None and self._started:
-            scraper = Scraper(spec, self.datastore, interval=self.interval, timeout=self.timeout)
-            self.scrapers[name] = scraper
+        if spec is None or not self._started:
+            return
+        endpoint = endpoint_of(spec)
+        for extractor in self.plan.endpoint_extractors:
+            try:
+                attributes = extractor.endpoint_changed(endpoint)
+            except Exception:
+                log.exception("endpoint extractor %s failed on %s", extractor.typed_name, name)
+                continue
+            self.datastore.update_attributes(name, attributes)
+        scrapers = [
+            Scraper(spec, self.datastore, interval=self.interval, timeout=self.timeout, polled=polled)
+            for polled in self.plan.polled
+        ]
+        self.scrapers[name] = scrapers
+        for scraper in scrapers:
             scraper.start()
 
     async def stop(self) -> None:
-        for scraper in list(self.scrapers.values()):
-            await scraper.stop()
+        for scrapers in list(self.scrapers.values()):
+            for scraper in scrapers:
+                await scraper.stop()
         self.scrapers.clear()
         if self._stopping:
             await asyncio.gather(*self._stopping, return_exceptions=True)

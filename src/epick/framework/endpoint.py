@@ -41,6 +41,11 @@ class Endpoint:
     port: int = 0
     labels: Mapping[str, str] = field(default_factory=dict)
     metrics: Metrics = field(default_factory=Metrics)
+    # What data-layer extractors beyond the core metrics attached, by upstream's data key
+    # "<dataType>/<producerName>" (e.g. "GPUUtilization/dcgm-extractor"): replaced whole on update.
+    attributes: Mapping[str, object] = field(default_factory=dict)
+    pod_name: str = ""  # the Kubernetes pod serving it ("" outside Kubernetes); rank endpoints share it
+    node_address: str = ""  # its node's IP (the pod's hostIP), where a DaemonSet exporter listens
 
     @property
     def role(self) -> str | None:
@@ -54,4 +59,30 @@ class Endpoint:
 
     def with_metrics(self, metrics: Metrics) -> Endpoint:
         """A copy of this endpoint carrying new metrics."""
-        return Endpoint(self.name, self.address, self.port, self.labels, metrics)
+        return Endpoint(
+            self.name,
+            self.address,
+            self.port,
+            self.labels,
+            metrics,
+            self.attributes,
+            self.pod_name,
+            self.node_address,
+        )
+
+    def with_attributes(self, attributes: Mapping[str, object]) -> Endpoint:
+        """A copy of this endpoint carrying new attributes."""
+        return Endpoint(
+            self.name,
+            self.address,
+            self.port,
+            self.labels,
+            self.metrics,
+            attributes,
+            self.pod_name,
+            self.node_address,
+        )
+
+    def attribute(self, key: str) -> object | None:
+        """The attribute under data key `key` ("<dataType>/<producerName>"), if any."""
+        return self.attributes.get(key)

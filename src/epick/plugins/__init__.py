@@ -1,5 +1,14 @@
 """The in-tree plugins, each in its own module, listed in one place."""
 
+from epick.plugins.datalayer import (
+    core_metrics,
+    dcgm,
+    file_discovery,
+    metrics_source,
+    models,
+    notifications,
+    topology,
+)
 from epick.plugins.filters import by_label, classic, label_selector, role, utilization
 from epick.plugins.parsers import anthropic, openai, passthrough, sglanghttp, vllmhttp
 from epick.plugins.pickers import max_score, random_picker, round_robin, weighted_random
@@ -55,6 +64,16 @@ def in_tree_plugins() -> list[PluginSpec]:
         vllmhttp.SPEC,
         sglanghttp.SPEC,
         passthrough.SPEC,
+        metrics_source.SPEC,
+        core_metrics.SPEC,
+        dcgm.SOURCE_SPEC,
+        dcgm.EXTRACTOR_SPEC,
+        models.SOURCE_SPEC,
+        models.EXTRACTOR_SPEC,
+        notifications.ENDPOINT_SPEC,
+        notifications.K8S_SPEC,
+        file_discovery.SPEC,
+        topology.SPEC,
     ]
 
 

@@ -46,9 +46,15 @@ def endpoints_of(pod: Json, target: _Target | None) -> tuple[str, tuple[Endpoint
     raw_labels = meta.get("labels")
     labels = {str(k): str(v) for k, v in raw_labels.items()} if isinstance(raw_labels, dict) else {}
     ports = target.ports
+    host_ip = status.get("hostIP")
+    node = host_ip if isinstance(host_ip, str) else ""
     if len(ports) == 1:
-        return name, (EndpointSpec(name, ip, ports[0], labels),), ""
-    return name, tuple(EndpointSpec(f"{name}-rank-{i}", ip, p, labels) for i, p in enumerate(ports)), ""
+        return name, (EndpointSpec(name, ip, ports[0], labels, name, node),), ""
+    return (
+        name,
+        tuple(EndpointSpec(f"{name}-rank-{i}", ip, p, labels, name, node) for i, p in enumerate(ports)),
+        "",
+    )
 
 
 def _is_ready(status: Json) -> bool:

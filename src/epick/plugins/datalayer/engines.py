@@ -62,8 +62,8 @@ class MetricSpec:
 
 @dataclass(frozen=True, slots=True)
 class EngineMetricNames:
-    waiting: MetricSpec
-    running: MetricSpec
+    waiting: MetricSpec | None  # None: disabled (an engine config's empty spec)
+    running: MetricSpec | None
     kv_usage: tuple[MetricSpec, ...]  # the first one present wins (newer name first); empty: none
     lora_info: MetricSpec | None = None
     cache_info: MetricSpec | None = None  # an info metric whose labels carry the block size and count

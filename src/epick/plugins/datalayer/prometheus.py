@@ -13,8 +13,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from epick.datalayer.engines import EngineMetricNames, MetricSpec
 from epick.framework import Metrics
+from epick.plugins.datalayer.engines import EngineMetricNames, MetricSpec
 
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
@@ -91,10 +91,10 @@ def _find(text: str, spec: MetricSpec) -> list[_Sample]:
 
 def parse_metrics(text: str, names: EngineMetricNames, *, update_time: float | None = None) -> Metrics:
     """The scheduler's view of one endpoint from its /metrics page. Raises `MetricsParseError`."""
-    waiting_samples = _find(text, names.waiting)
-    running_samples = _find(text, names.running)
+    waiting_samples = _find(text, names.waiting) if names.waiting is not None else []
+    running_samples = _find(text, names.running) if names.running is not None else []
     required = ((names.waiting, waiting_samples), (names.running, running_samples))
-    missing = [str(spec) for spec, found in required if not found]
+    missing = [str(spec) for spec, found in required if spec is not None and not found]
     kv_samples: list[_Sample] = []
     kv_spec = None
     for candidate in names.kv_usage:  # the first one present wins: the newer name is tried first
@@ -105,7 +105,7 @@ def parse_metrics(text: str, names: EngineMetricNames, *, update_time: float | N
         missing.append(" or ".join(str(k) for k in names.kv_usage))
     if missing:
         raise MetricsParseError(f"missing metrics: {', '.join(missing)}")
-    waiting = _sum(waiting_samples, str(names.waiting))
+    waiting = _sum(waiting_samples, str(names.waiting))  # a metric the engine config disables: 0
     running = _sum(running_samples, str(names.running))
     kv = max(_values(kv_samples, str(kv_spec))) if kv_spec is not None else 0.0  # no KV metric: 0
     if kv > 1.0:  # some servers report percent
@@ -139,6 +139,21 @@ def parse_metrics(text: str, names: EngineMetricNames, *, update_time: float | N
     )
 
 
+def read_scalar(text: str, spec: MetricSpec) -> float:
+    """The value of `spec`'s first matching sample, as upstream reads a custom metric (no sum).
+    Raises `MetricsParseError` when the page has none."""
+    samples = _scan(text, spec.name)
+    if not samples:
+        raise MetricsParseError(f"metric family {spec.name!r} not found")
+    matching = [x for x in samples if spec.matches(x.labels)]
+    if not matching:
+        raise MetricsParseError(f"no matching metric found for {str(spec)!r}")
+    value = matching[0].value
+    if math.isnan(value) or math.isinf(value):
+        raise MetricsParseError(f"{spec} is {value}, not a number")
+    return value
+
+
 def _values(samples: list[_Sample], name: str) -> list[float]:
     for s in samples:
         if math.isnan(s.value) or s.value < 0 or math.isinf(s.value):
@@ -162,3 +177,8 @@ def _int_label(labels: dict[str, str], key: str, metric: str) -> int:
         return int(float(raw))
     except (ValueError, OverflowError):
         raise MetricsParseError(f"{metric}: label {key}={raw!r} is not a number") from None
+
+
+def samples_of(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """Every sample of family `name`: (labels, value). Raises `MetricsParseError` on a bad line."""
+    return [(s.labels, s.value) for s in _scan(text, name)]

@@ -1,0 +1,273 @@
+"""The `dataLayer` section: which sources poll or notify, which extractors read them, and discovery.
+
+Defaults as upstream's loaders (`ensureDataLayer`): under llm-d's apiVersion (llm-d/llm-d-router,
+pkg/epp/config/loader/defaults.go) a `metrics-data-source` with a `core-metrics-extractor` is added
+unless `injectDefaults: false` or a source already refers to a plugin named `metrics-data-source`;
+under GIE's (gateway-api-inference-extension v1.5.0, same file) only when the section is absent. An
+extractor that reads endpoints (`topology-extractor`) and is bound to no source is wired to endpoint
+notifications, as upstream's registrants are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from epick.config.schema import DataLayerSection, DataLayerSource, EndpointPickerConfigFile
+from epick.framework import Plugin
+from epick.framework.datalayer import (
+    CoreMetricsReader,
+    EndpointExtractor,
+    EndpointNotificationSource,
+    PollingExtractor,
+    PollingSource,
+    ResourceNotificationSource,
+)
+from epick.plugins.datalayer.file_discovery import FileDiscovery
+
+METRICS_SOURCE = "metrics-data-source"
+CORE_EXTRACTOR = "core-metrics-extractor"
+LLMD_GROUP = "llm-d.ai/"
+
+
+@dataclass(frozen=True, slots=True)
+class PolledSource:
+    """A polling source and the extractors that read its payload, in the order configured."""
+
+    source: PollingSource
+    extractors: tuple[PollingExtractor, ...]
+
+    @property
+    def reads_core_metrics(self) -> bool:
+        return any(isinstance(e, CoreMetricsReader) for e in self.extractors)
+
+
+@dataclass(frozen=True, slots=True)
+class DataLayerPlan:
+    """What the service's data layer runs for a config."""
+
+    polled: tuple[PolledSource, ...] = ()
+    endpoint_extractors: tuple[EndpointExtractor, ...] = ()
+    discovery: FileDiscovery | None = None
+    injected: bool = False  # the default metrics source was added by the loader
+    fingerprint: str = field(default="", compare=False)
+
+    @property
+    def scrapes_core_metrics(self) -> bool:
+        return any(p.reads_core_metrics for p in self.polled)
+
+
+def _is_data_plugin(plugin: Plugin) -> bool:
+    return isinstance(
+        plugin,
+        PollingSource
+        | PollingExtractor
+        | EndpointNotificationSource
+        | EndpointExtractor
+        | ResourceNotificationSource
+        | FileDiscovery,
+    )
+
+
+class DataLayerBuilder:
+    """Resolves the section against the built plugins; `fail(path, message, fix)` reports problems,
+    `make(type)` builds a default instance of a type (for the injected defaults)."""
+
+    def __init__(
+        self,
+        doc: EndpointPickerConfigFile,
+        instances: dict[str, Plugin],
+        fail: Callable[[str, str, str], None],
+        warn: Callable[[str], None],
+        make: Callable[[str], Plugin | None],
+    ) -> None:
+        self.doc = doc
+        self.instances = instances
+        self.fail = fail
+        self.warn = warn
+        self.make = make
+
+    def section(self) -> tuple[str, DataLayerSection | None]:
+        if self.doc.data is not None and self.doc.data_layer is not None:
+            self.fail(
+                "data",
+                "both 'data' and 'dataLayer' are given",
+                "keep 'dataLayer' ('data' is GIE v1.3-1.4's name for it)",
+            )
+        if self.doc.data_layer is not None:
+            return "dataLayer", self.doc.data_layer
+        if self.doc.data is not None:
+            return "data", self.doc.data
+        return "dataLayer", None
+
+    def build(self) -> DataLayerPlan:
+        where, section = self.section()
+        sources = list(section.sources) if section is not None else []
+        injected = self._inject(section, sources)
+        polled: list[PolledSource] = []
+        endpoint_extractors: list[EndpointExtractor] = []
+        bound: set[str] = set()
+        for i, src in enumerate(sources):
+            path = f"{where}.sources[{i}]" if i < len(section.sources if section else []) else where
+            result = self._source(path, src, bound)
+            if isinstance(result, PolledSource):
+                if any(p.source is result.source for p in polled):
+                    self.fail(
+                        f"{path}.pluginRef", f"source {src.plugin_ref!r} is listed twice", "list it once"
+                    )
+                    continue
+                polled.append(result)
+            elif result is not None:
+                endpoint_extractors.extend(result)
+        for name, plugin in self.instances.items():
+            if isinstance(plugin, EndpointExtractor) and name not in bound:
+                endpoint_extractors.append(plugin)  # upstream's registrants wire themselves
+                bound.add(name)
+        discovery = self._discovery(where, section)
+        if section is not None:
+            self._unsupported(where, section)
+        for name, plugin in self.instances.items():
+            if _is_data_plugin(plugin) and name not in bound and plugin is not discovery:
+                self.warn(
+                    f"plugin {name!r} ({plugin.typed_name.type}) is not used: no {where} source lists it"
+                )
+        if not polled and section is not None and not injected:
+            self.warn(f"{where} has no polling source: no endpoint metrics are scraped")
+        fingerprint = repr(
+            (
+                [(str(p.source.typed_name), [str(e.typed_name) for e in p.extractors]) for p in polled],
+                [str(e.typed_name) for e in endpoint_extractors],
+                str(discovery.typed_name) if discovery else "",
+            )
+        )
+        return DataLayerPlan(tuple(polled), tuple(endpoint_extractors), discovery, injected, fingerprint)
+
+    def _inject(self, section: DataLayerSection | None, sources: list[DataLayerSource]) -> bool:
+        llmd = self.doc.api_version.startswith(LLMD_GROUP)
+        if llmd:
+            if section is not None and section.inject_defaults is False:
+                return False
+            if any(s.plugin_ref == METRICS_SOURCE for s in sources):
+                return False
+        elif section is not None:
+            return False  # GIE: a section given is used as written
+        for type_name in (METRICS_SOURCE, CORE_EXTRACTOR):
+            if type_name not in self.instances:
+                plugin = self.make(type_name)
+                if plugin is None:
+                    return False
+                self.instances[type_name] = plugin
+        sources.append(
+            DataLayerSource.model_validate(
+                {"pluginRef": METRICS_SOURCE, "extractors": [{"pluginRef": CORE_EXTRACTOR}]}
+            )
+        )
+        return True
+
+    def _plugin(self, path: str, ref: str, what: str) -> Plugin | None:
+        plugin = self.instances.get(ref)
+        if plugin is None:
+            self.fail(path, f"{what} {ref!r} is not a plugin of this config", "define it under 'plugins'")
+        return plugin
+
+    def _source(
+        self, path: str, src: DataLayerSource, bound: set[str]
+    ) -> PolledSource | list[EndpointExtractor] | None:
+        source = self._plugin(f"{path}.pluginRef", src.plugin_ref, "data source")
+        if source is None:
+            return None
+        described = f"plugin {src.plugin_ref!r} ({source.typed_name.type})"
+        bound.add(src.plugin_ref)
+        extractors: list[Plugin] = []
+        seen_types: set[str] = set()
+        for j, ref in enumerate(src.extractors):
+            epath = f"{path}.extractors[{j}].pluginRef"
+            extractor = self._plugin(epath, ref.plugin_ref, "extractor")
+            if extractor is None:
+                continue
+            bound.add(ref.plugin_ref)
+            if extractor.typed_name.type in seen_types:
+                self.fail(
+                    epath,
+                    f"duplicate extractor type {extractor.typed_name.type!r} on source {src.plugin_ref!r}",
+                    "list each extractor type once per source",
+                )
+                continue
+            seen_types.add(extractor.typed_name.type)
+            extractors.append(extractor)
+        if isinstance(source, PollingSource):
+            polling: list[PollingExtractor] = []
+            for j, extractor in enumerate(extractors):
+                epath = f"{path}.extractors[{j}].pluginRef"
+                if not isinstance(extractor, PollingExtractor):
+                    self.fail(
+                        epath,
+                        f"plugin {extractor.typed_name.name!r} ({extractor.typed_name.type}) is not an "
+                        f"extractor that reads a polled payload",
+                        f"use an extractor of {source.payload} payloads",
+                    )
+                elif extractor.accepts != source.payload:
+                    self.fail(
+                        epath,
+                        f"extractor {extractor.typed_name.name!r} ({extractor.typed_name.type}) reads "
+                        f"{extractor.accepts} payloads, but {described} fetches {source.payload}",
+                        "pair it with a source of its payload",
+                    )
+                else:
+                    polling.append(extractor)
+            if not src.extractors:
+                self.warn(f"{path}: source {src.plugin_ref!r} has no extractors: what it fetches is not read")
+            return PolledSource(source, tuple(polling))
+        if isinstance(source, EndpointNotificationSource):
+            found: list[EndpointExtractor] = []
+            for j, extractor in enumerate(extractors):
+                if isinstance(extractor, EndpointExtractor):
+                    found.append(extractor)
+                else:
+                    self.fail(
+                        f"{path}.extractors[{j}].pluginRef",
+                        f"endpoint source {src.plugin_ref!r} requires an endpoint extractor; "
+                        f"{extractor.typed_name.name!r} ({extractor.typed_name.type}) is not one",
+                        "use an extractor that reads endpoints, such as topology-extractor",
+                    )
+            return found
+        if isinstance(source, ResourceNotificationSource):
+            if extractors:
+                self.fail(
+                    f"{path}.extractors[0].pluginRef",
+                    f"no extractor of epick's reads {'/'.join(filter(None, source.gvk))} notifications",
+                    "remove the extractors",
+                )
+            return []
+        self.fail(f"{path}.pluginRef", f"{described} is not a data source", "refer to a data source plugin")
+        return None
+
+    def _discovery(self, where: str, section: DataLayerSection | None) -> FileDiscovery | None:
+        if section is None or section.discovery is None:
+            return None
+        path = f"{where}.discovery.pluginRef"
+        plugin = self._plugin(path, section.discovery.plugin_ref, "discovery plugin")
+        if plugin is None:
+            return None
+        if not isinstance(plugin, FileDiscovery):
+            self.fail(
+                path,
+                f"plugin {section.discovery.plugin_ref!r} ({plugin.typed_name.type}) does not discover "
+                "endpoints",
+                "refer to a file-discovery plugin",
+            )
+            return None
+        return plugin
+
+    def _unsupported(self, where: str, section: DataLayerSection) -> None:
+        if section.cross_replica_syncer_plugin_ref:
+            self.fail(
+                f"{where}.crossReplicaSyncerPluginRef",
+                f"plugin {section.cross_replica_syncer_plugin_ref!r} is not a cross-replica syncer: no "
+                "syncer type exists, in epick or upstream",
+                "remove crossReplicaSyncerPluginRef",
+            )
+        if section.peer_discovery is not None:
+            self.warn(
+                f"{where}.peerDiscovery has no effect: upstream parses it but nothing uses it, nor does epick"
+            )

@@ -1,0 +1,1 @@
+"""Data-layer plugins: sources, extractors and discovery, configured by `dataLayer`."""
