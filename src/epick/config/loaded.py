@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from epick.config.datalayer import DataLayerPlan
 from epick.framework import (
+    DataProducer,
     ParserSet,
     Plugin,
     PreRequest,
@@ -23,6 +24,7 @@ from epick.plugins.filters.utilization import UtilizationDetector
 class RequestHooks:
     """The request-control hooks a config's plugins implement, in the order they were defined."""
 
+    producers: list[DataProducer] = field(default_factory=list)
     pre_request: list[PreRequest] = field(default_factory=list)
     response_received: list[ResponseReceived] = field(default_factory=list)
     response_streaming: list[ResponseStreaming] = field(default_factory=list)
@@ -32,6 +34,8 @@ class RequestHooks:
     def from_plugins(cls, plugins: Sequence[Plugin]) -> RequestHooks:
         hooks = cls()
         for p in plugins:
+            if isinstance(p, DataProducer):
+                hooks.producers.append(p)
             if isinstance(p, PreRequest):
                 hooks.pre_request.append(p)
             if isinstance(p, ResponseReceived):

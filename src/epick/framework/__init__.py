@@ -7,6 +7,7 @@ from epick.framework.cycle_state import CycleState
 from epick.framework.endpoint import ROLE_LABEL, Endpoint, Metrics
 from epick.framework.errors import EndpointsFilteredError, NoEndpointsError, SchedulingError
 from epick.framework.interfaces import (
+    DataProducer,
     EndpointRemoved,
     Filter,
     Picker,
@@ -41,6 +42,7 @@ __all__ = [
     "BadRequestError",
     "ChatMessage",
     "CycleState",
+    "DataProducer",
     "Endpoint",
     "EndpointRemoved",
     "EndpointsFilteredError",

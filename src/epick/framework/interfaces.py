@@ -33,6 +33,7 @@ FILTER = "Filter"
 SCORER = "Scorer"
 PICKER = "Picker"
 PROFILE_HANDLER = "ProfileHandler"
+DATA_PRODUCER = "DataProducer"
 
 
 @runtime_checkable
@@ -83,6 +84,18 @@ class ProfileHandler(Plugin, Protocol):
     ) -> SchedulingResult:
         """Merge the profile results into the final result; raise `SchedulingError` if impossible."""
         ...
+
+
+@runtime_checkable
+class DataProducer(Plugin, Protocol):
+    """Computes per-request data before scheduling (upstream's `DataProducer.Produce`): writes it to
+    the cycle state under its data key "<dataType>/<its name>", where consumers configured with its
+    name read it. Producers run in the order the config defines them; one that raises ends the phase
+    for that request (later producers do not run) and the request is scheduled without their data."""
+
+    def produce(
+        self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> None: ...
 
 
 class PluginTimer(Protocol):

@@ -12,6 +12,7 @@ from epick.plugins.datalayer import (
 from epick.plugins.filters import by_label, classic, label_selector, role, utilization
 from epick.plugins.parsers import anthropic, openai, passthrough, sglanghttp, vllmhttp
 from epick.plugins.pickers import max_score, random_picker, round_robin, weighted_random
+from epick.plugins.prefix import producer as prefix_producer
 from epick.plugins.prefix import scorer as prefix_scorer
 from epick.plugins.prerequest import prefill_header
 from epick.plugins.profile import deciders, disagg, pd, shadow, single
@@ -41,6 +42,7 @@ def in_tree_plugins() -> list[PluginSpec]:
         kv_cache.SPEC,
         lora_affinity.SPEC,
         prefix_scorer.SPEC,
+        prefix_producer.SPEC,
         load_aware.SPEC,
         active_request.SPEC,
         session_affinity.SPEC,

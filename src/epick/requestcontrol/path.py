@@ -73,6 +73,8 @@ class RequestPath:
                     f"pool saturated ({saturation:.2f}); sheddable request (priority {request.priority})"
                 )
         cycle_state = CycleState()
+        if config.hooks.producers:
+            self._produce(request, cycle_state, candidates)
         start = time.perf_counter()
         try:
             result = config.scheduler.schedule(request, candidates, cycle_state=cycle_state)
@@ -95,6 +97,23 @@ class RequestPath:
                 ",".join(ep.name for ep in result.targets),
             )
         return result
+
+    def _produce(
+        self, request: InferenceRequest, cycle_state: CycleState, candidates: Snapshot | Sequence[Endpoint]
+    ) -> None:
+        """Run the data producers in order; the first that fails ends the phase (upstream's rule), and
+        the request is scheduled with what was produced so far."""
+        endpoints = candidates.endpoints if isinstance(candidates, Snapshot) else candidates
+        for producer in self.config.hooks.producers:
+            try:
+                producer.produce(request, cycle_state, endpoints)
+            except Exception:
+                log.exception(
+                    "data producer %s failed on request %s; later producers skipped",
+                    producer.typed_name,
+                    request.request_id,
+                )
+                return
 
 
 def safely(fn: Callable[..., Any], *args: Any) -> None:

@@ -7,6 +7,13 @@ index learns in `PreRequest`: the prompt's blocks are recorded for the first tar
 profile result acted on (decode and prefill in P/D; never a shadow profile's). The match found
 while scoring is left in the cycle state (`PrefixMatch`) for deciders such as
 `prefix-based-pd-decider`.
+
+With a producer (llm-d's layout): when `prefixMatchInfoProducerName` names an
+`approx-prefix-cache-producer`, or the config has one under its type's name, the scorer keeps no
+index: it reads the producer's match for this request ("PrefixCacheMatchInfoDataKey/<producer>")
+and the producer records. A request the producer left no match for scores 0 everywhere. Upstream's
+`matchLengthWeight` (0..1, default 0) and `matchLengthScaleTokens` (8192) blend in the match length:
+score = w × min(1, matched tokens / scale)² + (1 − w) × matched blocks / prompt blocks.
 """
 
 from __future__ import annotations
@@ -25,12 +32,16 @@ from epick.framework import (
     SchedulingResult,
     state_key,
 )
+from epick.framework.datalayer import data_key
 from epick.framework.request import CHARS_PER_TOKEN
 from epick.plugins.prefix.hashing import prompt_block_hashes
 from epick.plugins.prefix.index import PrefixIndex
-from epick.plugins.registry import Handle, Parameters, PluginSpec
+from epick.plugins.registry import Handle, ParameterError, Parameters, PluginSpec
 
 TYPE = "prefix-cache-scorer"
+MATCH_DATA_TYPE = "PrefixCacheMatchInfoDataKey"  # upstream's data type of a prefix-match producer's output
+DEFAULT_PRODUCER = "approx-prefix-cache-producer"
+MATCH_PRODUCER_TYPES = (DEFAULT_PRODUCER,)
 
 
 class PrefixCacheParameters(Parameters):
@@ -41,6 +52,18 @@ class PrefixCacheParameters(Parameters):
     hash_block_size: int | None = Field(default=None, gt=0)
     # Accepted for compatibility with Go EPP files; epick sizes blocks from the parameters above.
     auto_tune: bool = False
+    prefix_match_info_producer_name: str = ""
+    match_length_weight: float = Field(default=0.0, ge=0.0, le=1.0)
+    match_length_scale_tokens: int = Field(default=8192)
+
+    @model_validator(mode="after")
+    def _scale(self) -> PrefixCacheParameters:
+        if self.match_length_weight > 0 and self.match_length_scale_tokens <= 0:
+            raise ValueError(
+                "matchLengthScaleTokens must be greater than 0 when matchLengthWeight is greater than 0, "
+                f"got {self.match_length_scale_tokens}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_block_size(self) -> PrefixCacheParameters:
@@ -84,8 +107,14 @@ class PrefixCacheScorer(NamedPlugin):
         lru_capacity_per_server: int = 31250,
         *,
         block_bytes: int | None = None,  # instead of block_size_tokens: GIE's older hashBlockSize
+        producer: str | None = None,  # the name of the producer whose match to read (None: own index)
+        match_length_weight: float = 0.0,
+        match_length_scale_tokens: int = 8192,
     ) -> None:
         super().__init__(name)
+        self.producer_key = data_key(MATCH_DATA_TYPE, producer) if producer is not None else None
+        self.match_length_weight = match_length_weight
+        self.match_length_scale_tokens = match_length_scale_tokens
         self.block_bytes = block_bytes if block_bytes is not None else block_size_tokens * CHARS_PER_TOKEN
         self.max_blocks = max_prefix_blocks_to_match
         self.index = PrefixIndex(lru_capacity_per_server)
@@ -104,6 +133,8 @@ class PrefixCacheScorer(NamedPlugin):
         )
 
     def _match(self, request: InferenceRequest, cycle_state: CycleState) -> PrefixMatch:
+        if self.producer_key is not None:
+            return cycle_state.read(self.producer_key, PrefixMatch) or _NO_MATCH
         # Computed once per scheduling call and left in its cycle state: a scorer in two profiles,
         # and PreRequest, reuse it.
         key = state_key(self)
@@ -122,11 +153,22 @@ class PrefixCacheScorer(NamedPlugin):
         if not matched:
             return [0.0] * len(endpoints)
         total = match.total_blocks
-        return [matched.get(ep.name, 0) / total for ep in endpoints]
+        w = self.match_length_weight
+        if w <= 0:
+            return [matched.get(ep.name, 0) / total for ep in endpoints]
+        scale = self.match_length_scale_tokens
+        block_tokens = match.block_bytes // CHARS_PER_TOKEN
+        return [
+            w * min(1.0, matched.get(ep.name, 0) * block_tokens / scale) ** 2
+            + (1 - w) * matched.get(ep.name, 0) / total
+            for ep in endpoints
+        ]
 
     def pre_request(
         self, request: InferenceRequest, result: SchedulingResult, cycle_state: CycleState
     ) -> None:
+        if self.producer_key is not None:
+            return  # the producer records
         match = self._match(request, cycle_state)
         if not match.hashes:
             return
@@ -149,10 +191,16 @@ class PrefixCacheScorer(NamedPlugin):
         return self.hit_blocks / self.lookup_blocks if self.lookup_blocks else 0.0
 
 
+_NO_MATCH = PrefixMatch(0, 0, {})
+
+
 def find_prefix_match(cycle_state: CycleState, plugin_name: str | None = None) -> PrefixMatch | None:
-    """The `PrefixMatch` a prefix scorer left in this cycle: the named one, or any if no name is given."""
+    """The `PrefixMatch` a prefix scorer or producer left in this cycle: the named one's (a scorer's,
+    else a producer's), or any if no name is given."""
     if plugin_name is not None:
-        return cycle_state.read(f"{plugin_name}/{TYPE}", PrefixMatch)
+        return cycle_state.read(f"{plugin_name}/{TYPE}", PrefixMatch) or cycle_state.read(
+            data_key(MATCH_DATA_TYPE, plugin_name), PrefixMatch
+        )
     for key in cycle_state.keys():  # noqa: SIM118 (CycleState is not a dict)
         found = cycle_state.read(key, PrefixMatch)
         if found is not None:
@@ -160,13 +208,43 @@ def find_prefix_match(cycle_state: CycleState, plugin_name: str | None = None) -
     return None
 
 
+def resolve_producer(handle: Handle, producer_name: str, parameter: str) -> str | None:
+    """The prefix-match producer a consumer reads: the one `producer_name` names (an error if the config
+    has no such producer), else the config's `approx-prefix-cache-producer` if it has one, else None
+    (the consumer keeps its own index: what upstream's auto-created default producer would do)."""
+    if producer_name:
+        try:
+            plugin = handle.plugin(producer_name)
+        except LookupError as e:
+            hint = e.args[1] if len(e.args) > 1 else ""
+            raise ParameterError(
+                parameter, f"no prefix-match producer named {producer_name!r} in this config", str(hint)
+            ) from None
+        if plugin.typed_name.type not in MATCH_PRODUCER_TYPES:
+            raise ParameterError(
+                parameter,
+                f"plugin {producer_name!r} ({plugin.typed_name.type}) does not produce prefix-match data",
+                f"name a plugin of type {' or '.join(MATCH_PRODUCER_TYPES)}",
+            )
+        return producer_name
+    try:
+        plugin = handle.plugin(DEFAULT_PRODUCER)
+    except LookupError:
+        return None
+    return DEFAULT_PRODUCER if plugin.typed_name.type in MATCH_PRODUCER_TYPES else None
+
+
 def _factory(name: str, params: PrefixCacheParameters, handle: Handle) -> PrefixCacheScorer:
+    producer = resolve_producer(handle, params.prefix_match_info_producer_name, "prefixMatchInfoProducerName")
     return PrefixCacheScorer(
         name,
         params.block_size_tokens,
         params.max_prefix_blocks_to_match,
         params.lru_capacity_per_server,
         block_bytes=params.block_bytes(),
+        producer=producer,
+        match_length_weight=params.match_length_weight,
+        match_length_scale_tokens=params.match_length_scale_tokens,
     )
 
 

@@ -1,6 +1,8 @@
 """`no-hit-lru-scorer` (llm-d): spread cold requests, which fill caches fastest, over the endpoints.
 
-A request is cold when the prefix scorer (`prefixPluginName`, default `prefix-cache-scorer`) found
+A request is cold when the prefix-match producer (`prefixMatchInfoProducerName`, or the config's
+`approx-prefix-cache-producer`), else the prefix scorer (`prefixPluginName`, default
+`prefix-cache-scorer`), found
 no endpoint holding any of its blocks in this cycle, or left no match at all (it must come before
 this scorer in the profile). A warm request scores 0.5 everywhere. For a cold one, endpoints are
 ranked by when they last received a cold request: first those that never did (in candidate order),
@@ -27,7 +29,7 @@ from epick.framework import (
     state_key,
 )
 from epick.plugins.prefix.scorer import TYPE as PREFIX_TYPE
-from epick.plugins.prefix.scorer import find_prefix_match
+from epick.plugins.prefix.scorer import find_prefix_match, resolve_producer
 from epick.plugins.registry import Handle, Parameters, PluginSpec
 
 TYPE = "no-hit-lru-scorer"
@@ -44,6 +46,7 @@ class NoHitLruParameters(Parameters):
     prefix_plugin_name: str = Field(default=PREFIX_TYPE, min_length=1)
     prefill_profile: str = Field(default="prefill", min_length=1)
     lru_size: int = Field(default=1024, gt=0)
+    prefix_match_info_producer_name: str = ""
 
 
 class NoHitLruScorer(NamedPlugin):
@@ -110,7 +113,11 @@ class NoHitLruScorer(NamedPlugin):
 
 
 def _factory(name: str, params: NoHitLruParameters, handle: Handle) -> NoHitLruScorer:
-    return NoHitLruScorer(name, params.prefix_plugin_name, params.prefill_profile, params.lru_size)
+    # llm-d's layout: the match comes from a producer (the one named, or the config's default one);
+    # GIE's: from the prefix scorer named by prefixPluginName.
+    producer = resolve_producer(handle, params.prefix_match_info_producer_name, "prefixMatchInfoProducerName")
+    source = producer if producer is not None else params.prefix_plugin_name
+    return NoHitLruScorer(name, source, params.prefill_profile, params.lru_size)
 
 
 SPEC = PluginSpec(TYPE, _factory, NoHitLruParameters, "cold requests to endpoints least recently given one")
