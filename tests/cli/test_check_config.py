@@ -148,8 +148,7 @@ def test_plugins_lists_all_in_tree_types(capsys: pytest.CaptureFixture[str]) -> 
     assert lines["label-selector-filter"].endswith("(also: by-label-selector)")
     assert (
         "[parameters: blockSizeTokens, maxPrefixBlocksToMatch, lruCapacityPerServer, hashBlockSize, "
-        "autoTune, prefixMatchInfoProducerName, matchLengthWeight, matchLengthScaleTokens]"
-        in out
+        "autoTune, prefixMatchInfoProducerName, matchLengthWeight, matchLengthScaleTokens]" in out
     )
     queue_line = next(line for line in out.splitlines() if line.startswith("queue-scorer "))
     assert queue_line.endswith("[parameters: -]")
