@@ -218,6 +218,8 @@ def _opt_int(raw: Mapping[str, Any], key: str) -> int | None:
     v = raw.get(key)
     if v is None:
         return None
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)  # 16.0: JSON has one number type (vLLM and upstream's parser take it)
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
         raise BadRequestError(f"'{key}' must be a non-negative integer")
     return v

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from epick.framework import BadRequestError, NamedPlugin, Reads, RequestBody, Usage
+from epick.framework import BadRequestError, ChatMessage, NamedPlugin, Reads, RequestBody, Usage
 from epick.framework.parsing import ParsedRequest
 from epick.plugins.parsers.common import (
     compact_json,
@@ -66,6 +66,7 @@ class AnthropicParser(NamedPlugin):
 
         body_ = RequestBody(
             kind="messages",
+            messages=tuple(ChatMessage(m["role"], m["content"]) for m in messages),
             stream=stream_of(raw),
             cache_salt=salt_of(raw),
             max_tokens=count_of(raw, "max_tokens"),
@@ -88,7 +89,10 @@ class AnthropicParser(NamedPlugin):
                 message = event.get("message")
                 usage = message.get("usage") if isinstance(message, dict) else None
             elif event.get("type") == "message_delta":
-                usage = event.get("usage")
+                # Only the output count, as upstream reads it: a server may send input_tokens 0 here
+                # (SGLang does), which must not wipe out message_start's counts.
+                delta = event.get("usage")
+                usage = {"output_tokens": delta.get("output_tokens")} if isinstance(delta, dict) else None
             else:
                 continue
             if isinstance(usage, dict):

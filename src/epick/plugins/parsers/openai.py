@@ -82,9 +82,9 @@ class OpenAIParser(NamedPlugin):
 def parse_openai(raw: dict[str, Any], kind: RequestKind) -> ParsedRequest:
     """A decoded OpenAI body of the given kind."""
     model = model_of(raw)
+    if not model:
+        raise BadRequestError("request body has no 'model' (a non-empty string is required)")
     if kind in ("chat", "completion"):
-        if not model:
-            raise BadRequestError("request body has no 'model' (a non-empty string is required)")
         request = InferenceRequest.from_openai(raw, kind=kind)
         return ParsedRequest(request.body, model, raw)
     stream = stream_of(raw)
