@@ -133,11 +133,13 @@ class DataLayerBuilder:
                 )
         if not polled and section is not None and not injected:
             self.warn(f"{where} has no polling source: no endpoint metrics are scraped")
+        # The plugin objects themselves: a reload keeps an unchanged plugin's instance and builds a
+        # new one for changed parameters, so equal identities mean nothing to restart.
         fingerprint = repr(
             (
-                [(str(p.source.typed_name), [str(e.typed_name) for e in p.extractors]) for p in polled],
-                [str(e.typed_name) for e in endpoint_extractors],
-                str(discovery.typed_name) if discovery else "",
+                [(id(p.source), [id(e) for e in p.extractors]) for p in polled],
+                [id(e) for e in endpoint_extractors],
+                id(discovery) if discovery else 0,
             )
         )
         return DataLayerPlan(tuple(polled), tuple(endpoint_extractors), discovery, injected, fingerprint)

@@ -181,12 +181,16 @@ class CoreMetricsExtractor(NamedPlugin):
         names = self.names_for(endpoint)
         try:
             metrics = parse_metrics(payload, names, update_time=now)
-            custom = self.custom.get(self.engine_of(endpoint.labels), ())
-            attributes: dict[str, object | None] = {
-                data_key(key, TYPE): read_scalar(payload, spec) for key, spec in custom
-            }
         except MetricsParseError as e:
             raise ExtractError(str(e)) from None
+        # A custom metric the page lacks is not set (and not an error for the core metrics, as
+        # upstream records it apart); the others are.
+        attributes: dict[str, object | None] = {}
+        for key, spec in self.custom.get(self.engine_of(endpoint.labels), ()):
+            try:
+                attributes[data_key(key, TYPE)] = read_scalar(payload, spec)
+            except MetricsParseError:
+                continue
         return Extracted(metrics, attributes)
 
 

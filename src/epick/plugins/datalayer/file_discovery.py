@@ -122,9 +122,7 @@ class FileDiscovery(NamedPlugin):
 
 def _factory(name: str, params: FileDiscoveryParameters, handle: Handle) -> FileDiscovery:
     if not params.path:
-        raise ParameterError(
-            "path", "file-discovery: 'path' parameter is required", "set it to the endpoints file"
-        )
+        raise ParameterError("path", "'path' parameter is required", "set it to the endpoints file")
     return FileDiscovery(name, params.path, params.watch_file)
 
 
