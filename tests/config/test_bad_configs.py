@@ -442,21 +442,6 @@ CASES = [
         "plugin 'single-profile-handler' (single-profile-handler) is a profile handler",
         "the handler is used from the plugins list",
     ),
-    Bad(
-        "decider-in-profile",
-        """\
-        plugins:
-        - name: decider
-          type: prefix-based-pd-decider
-        schedulingProfiles:
-        - name: a
-          plugins:
-          - pluginRef: decider
-        """,
-        "schedulingProfiles[0].plugins[0].pluginRef",
-        "plugin 'decider' (prefix-based-pd-decider) is not a filter, scorer or picker",
-        "remove it from the profile",
-    ),
     # --- profile handlers
     Bad(
         "two-profiles-without-handler",
@@ -827,3 +812,15 @@ def test_unknown_nested_parameter_gets_did_you_mean(tmp_path: Path) -> None:
     issue = err.issues[0]
     assert issue.path == "plugins[0].parameters.profiles.decod"
     assert "did you mean 'decode'?" in issue.fix
+
+
+def test_a_plugin_that_schedules_nothing_in_a_profile_is_ignored_with_a_warning() -> None:
+    # As upstream's profile does: GIE v1.5's integration configs list their parser in the profile.
+    config = load_config_text(
+        HEADER + "plugins:\n- name: decider\n  type: prefix-based-pd-decider\n- type: queue-scorer\n"
+        "schedulingProfiles:\n- name: a\n  plugins:\n  - pluginRef: decider\n  - pluginRef: queue-scorer\n"
+    )
+    (warning,) = [w for w in config.warnings if "decider" in w]
+    assert warning.startswith("schedulingProfiles[0].plugins[0]: plugin 'decider' (prefix-based-pd-decider)")
+    assert "the profile ignores it" in warning
+    assert [s.scorer.typed_name.name for s in config.scheduler.profiles["a"].scorers] == ["queue-scorer"]

@@ -20,15 +20,19 @@ from epick.framework import (
     SchedulingResult,
     state_key,
 )
-from epick.plugins.filters.role import DecodeFilter, PrefillFilter
+from epick.plugins.filters.role import DecodeFilter, EncodeFilter, PrefillFilter
+from epick.plugins.pickers.max_score import MaxScorePicker
 from epick.plugins.prefix.scorer import PrefixCacheScorer, PrefixMatch
 from epick.plugins.profile.deciders import (
     AlwaysDisaggDecider,
+    MultimodalDecider,
     PDDecider,
     PrefixBasedDecider,
     PrefixDeciderParameters,
+    media_of,
 )
-from epick.plugins.profile.disagg import DisaggParameters, DisaggProfileHandler
+from epick.plugins.profile.disagg import DisaggParameters, DisaggProfileHandler, parse_stage_order
+from epick.plugins.profile.peer import peer_endpoint
 from epick.plugins.profile.shadow import ShadowParameters, ShadowProfileHandler
 from epick.plugins.profile.single import SingleProfileHandler
 from epick.plugins.scorers.queue import QueueScorer
@@ -201,7 +205,7 @@ def test_disagg_custom_profile_names() -> None:
 )
 def test_disagg_parameters(params: dict[str, object], decode: str, prefill: str, decider: str | None) -> None:
     parsed = DisaggParameters.model_validate(params)
-    assert (parsed.decode(), parsed.prefill(), parsed.decider()) == (decode, prefill, decider)
+    assert (parsed.decode(), parsed.prefill(), parsed.prefill_decider()) == (decode, prefill, decider)
 
 
 def test_disagg_parameters_refuse_mixed_forms() -> None:
@@ -459,3 +463,101 @@ def test_shadow_profiles_naming_the_primary_or_repeating_do_not_fail_every_reque
     result = make_scheduler(*profiles, handler=handler).schedule(make_request(), [make_endpoint("a")])
     assert names(result.targets) == ["a"]
     assert list(result.shadow_results) == ["other"]
+
+
+# --- disagg-profile-handler: encode and stage order (llm-d-router's disagg_profile_handler.go) ------
+
+
+def epd_pool() -> list[Endpoint]:
+    return [
+        *pd_pool(),
+        make_endpoint("e1", role="encode", queue=0, address="10.0.0.5"),
+        make_endpoint("e2", role="encode", queue=3, address="10.0.0.6"),
+    ]
+
+
+def epd_profiles() -> list[SchedulerProfile]:
+    _, _, profiles = pd_profiles()
+    encode = make_profile(
+        "encode",
+        filters=[EncodeFilter()],
+        scorers=[(QueueScorer(), 1.0)],
+        picker=MaxScorePicker(max_num_of_endpoints=2),
+    )
+    return [*profiles, encode]
+
+
+IMAGE_CHAT = [
+    {
+        "role": "user",
+        "content": [{"type": "text", "text": "what is it"}, {"type": "image_url", "image_url": {"url": "x"}}],
+    }
+]
+
+
+def test_encode_runs_for_a_multimodal_request_and_names_every_encoder() -> None:
+    handler = DisaggProfileHandler(decider=AlwaysDisaggDecider(), encode_decider=MultimodalDecider())
+    result = make_scheduler(*epd_profiles(), handler=handler).schedule(
+        make_request(messages=IMAGE_CHAT), epd_pool()
+    )
+    assert list(result.profile_results) == ["decode", "prefill", "encode"]
+    assert result.primary_profile == "decode" and result.targets[0].name == "d1"
+    assert result.prefill is not None and result.prefill.name == "p1"
+    # Both encoders, shortest queue first, comma-separated as upstream joins them.
+    assert result.headers == {"x-encoder-hosts-ports": "10.0.0.5:8000,10.0.0.6:8000"}
+
+
+def test_a_text_only_request_is_not_encoded_separately() -> None:
+    handler = DisaggProfileHandler(encode_decider=MultimodalDecider())
+    result = make_scheduler(*epd_profiles(), handler=handler).schedule(make_request("plain text"), epd_pool())
+    assert list(result.profile_results) == ["decode"]
+    assert result.headers == {}
+
+
+def test_multimodal_decider_finds_media_kinds() -> None:
+    assert media_of(make_request(messages=IMAGE_CHAT)) == {"image"}
+    audio = [
+        {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}
+    ]
+    assert media_of(make_request(messages=audio)) == {"audio"}
+    assert media_of(make_request("no media")) == frozenset()
+
+
+def test_prefill_first_runs_prefill_then_decode_with_the_prefill_endpoint_as_peer() -> None:
+    seen: list[str | None] = []
+
+    class PeerProbe(FakePlugin):
+        def filter(self, request, cycle_state, endpoints):  # type: ignore[no-untyped-def]
+            peer = peer_endpoint(cycle_state)
+            seen.append(peer.name if peer is not None else None)
+            return list(endpoints)
+
+    _, _, profiles = pd_profiles()
+    decode = make_profile(
+        "decode", filters=[PeerProbe("peer"), DecodeFilter()], scorers=[(QueueScorer(), 1.0)]
+    )
+    handler = DisaggProfileHandler(stage_order="prefill-first")
+    result = make_scheduler(decode, profiles[1], handler=handler).schedule(make_request(), pd_pool())
+    assert list(result.profile_results) == ["decode", "prefill"]
+    assert seen == ["p1"]
+    assert result.targets[0].name == "d1" and result.prefill is not None and result.prefill.name == "p1"
+
+
+@pytest.mark.parametrize(
+    ("value", "order"),
+    [
+        ("decode-first", "decode-first"),
+        ("Prefill_First", "prefill-first"),
+        ("prefill", "prefill-first"),
+        ("", "decode-first"),
+    ],
+)
+def test_stage_order_spellings(value: str, order: str) -> None:
+    assert parse_stage_order(value) == order
+
+
+def test_stage_order_errors() -> None:
+    with pytest.raises(ValueError, match='invalid stage order "sideways"'):
+        DisaggParameters.model_validate({"stageOrder": "sideways"})
+    with pytest.raises(ValueError, match="prefill decider is not supported in prefill-first stage order"):
+        DisaggParameters.model_validate({"stageOrder": "prefill-first", "deciders": {"prefill": "x"}})

@@ -42,11 +42,13 @@ from epick.plugins.filters.classic import (
     LoraAffinityFilter,
     LowQueueFilter,
 )
+from epick.plugins.filters.endpoint_attribute import EndpointAttributeFilter
 from epick.plugins.filters.label_selector import (
     LabelSelectorFilter,
     LabelSelectorParameters,
 )
-from epick.plugins.filters.role import DecodeFilter, PrefillFilter
+from epick.plugins.filters.role import DecodeFilter, EncodeFilter, PrefillFilter
+from epick.plugins.filters.topology_affinity import TopologyAffinityFilter
 from epick.plugins.filters.utilization import UtilizationDetector, UtilizationParameters
 from epick.plugins.pickers.max_score import MaxScorePicker
 from epick.plugins.pickers.random_picker import RandomPicker
@@ -54,6 +56,9 @@ from epick.plugins.pickers.round_robin import RoundRobinPicker
 from epick.plugins.pickers.weighted_random import WeightedRandomPicker
 from epick.plugins.prefix.scorer import PrefixCacheScorer
 from epick.plugins.scorers.active_request import ActiveRequestScorer
+from epick.plugins.scorers.context_length_aware import ContextLengthAware
+from epick.plugins.scorers.endpoint_attribute import EndpointAttributeScorer
+from epick.plugins.scorers.header_label_affinity import HeaderLabelAffinityScorer
 from epick.plugins.scorers.kv_cache import KVCacheUtilizationScorer
 from epick.plugins.scorers.load_aware import LoadAwareScorer
 from epick.plugins.scorers.lora_affinity import LoraAffinityScorer
@@ -62,6 +67,7 @@ from epick.plugins.scorers.queue import QueueScorer
 from epick.plugins.scorers.running_requests import RunningRequestsSizeScorer
 from epick.plugins.scorers.session_affinity import SESSION_HEADER, SessionAffinityScorer, session_token
 from epick.plugins.scorers.token_load import TokenLoadScorer
+from epick.plugins.scorers.topology_affinity import TopologyAffinityScorer
 from tests.builders import make_endpoint, make_profile, make_request, make_scheduler
 
 PROPERTY = settings(deadline=None, max_examples=100, derandomize=True, database=None)
@@ -161,6 +167,13 @@ def every_scorer(clock: FakeClock) -> list[Any]:
         ActiveRequestScorer(request_timeout=5.0, clock=clock),
         SessionAffinityScorer(),
         TokenLoadScorer(queue_threshold_tokens=64, request_timeout=5.0, clock=clock),
+        TopologyAffinityScorer(),
+        EndpointAttributeScorer(None, "GPUUtilization/dcgm-extractor", lower_is_better=True),
+        EndpointAttributeScorer(
+            None, "q/core-metrics-extractor", lower_is_better=False, fixed_range=(0.0, 5.0)
+        ),
+        HeaderLabelAffinityScorer(None, SESSION_HEADER, LABEL_KEYS[0]),
+        ContextLengthAware(label=LABEL_KEYS[0]),
     ]
 
 
@@ -177,6 +190,16 @@ class _Handle:
 # Types with a parameter that has no default.
 _TREE = {"current": {"pluginRef": "low-queue-filter"}}
 REQUIRED_PARAMETERS = {
+    "endpoint-attribute-filter": {
+        "attribute": "GPUUtilization",
+        "producer": "dcgm-extractor",
+        "algorithm": {"type": "threshold", "threshold": {"operator": "LessThan", "value": 0.5}},
+    },
+    "endpoint-attribute-scorer": {"attributeKey": "a", "algorithm": {"type": "linear_lower_is_better"}},
+    "header-label-affinity-scorer": {"headerName": "x-h", "labelKey": "k"},
+    "request-attribute-reporter": {
+        "attributes": [{"key": {"name": "x-cost"}, "expression": "usage.completion_tokens"}]
+    },
     "by-label": {"label": "tier"},
     "decision-tree-filter": _TREE,
     "decision-tree": _TREE,
@@ -241,7 +264,7 @@ def test_scores_are_in_unit_interval_for_valid_metrics(
 @given(
     request=requests(),
     endpoints=endpoint_lists(wild=True),
-    weights=st.lists(st.floats(0.0, 10.0), min_size=10, max_size=10),
+    weights=st.lists(st.floats(0.0, 10.0), min_size=15, max_size=15),
     seed=st.integers(0, 2**16),
 )
 def test_scores_after_the_runtime_clamps_are_in_unit_interval(
@@ -308,6 +331,12 @@ def some_filters(selector: LabelSelectorParameters, params: UtilizationParameter
         *classic_filters(),
         DecodeFilter(),
         PrefillFilter(),
+        EncodeFilter(),
+        TopologyAffinityFilter(),
+        EndpointAttributeFilter(
+            None, "GPUUtilization/dcgm-extractor", "LessThan", 0.5, fallback_on_empty=True
+        ),
+        ContextLengthAware(label=LABEL_KEYS[0], enable_filtering=True),
         UtilizationDetector(params=params, clock=FakeClock()),
     ]
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from epick.config.datalayer import DataLayerPlan
 from epick.framework import (
+    Admitter,
     DataProducer,
     ParserSet,
     Plugin,
@@ -25,6 +26,7 @@ class RequestHooks:
     """The request-control hooks a config's plugins implement, in the order they were defined."""
 
     producers: list[DataProducer] = field(default_factory=list)
+    admitters: list[Admitter] = field(default_factory=list)
     pre_request: list[PreRequest] = field(default_factory=list)
     response_received: list[ResponseReceived] = field(default_factory=list)
     response_streaming: list[ResponseStreaming] = field(default_factory=list)
@@ -36,6 +38,8 @@ class RequestHooks:
         for p in plugins:
             if isinstance(p, DataProducer):
                 hooks.producers.append(p)
+            if isinstance(p, Admitter):
+                hooks.admitters.append(p)
             if isinstance(p, PreRequest):
                 hooks.pre_request.append(p)
             if isinstance(p, ResponseReceived):

@@ -588,12 +588,12 @@ class _Builder:
                 picker = plugin
                 used = True
             if not used:
-                self.fail(
-                    f"{rpath}.pluginRef",
-                    f"{described} is not a filter, scorer or picker",
-                    "remove it from the profile; it works from the plugins list",
+                # Upstream's profile ignores such a plugin (GIE v1.5's integration configs list their
+                # parser and reporter in the profile); it still works from the plugins list.
+                self.warnings.append(
+                    f"{rpath}: {described} is not a filter, scorer or picker; the profile ignores it "
+                    "(it works from the plugins list)"
                 )
-                ok = False
         if picker is None:
             picker = default_picker if default_picker is not None else self._default_picker()
         if not ok or picker is None:

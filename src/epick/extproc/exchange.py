@@ -129,8 +129,10 @@ class Exchange:
         if kind == "response_body":
             return self._response_body(message.response_body)
         if kind == "response_trailers":
-            self._complete(None)
-            return [pb.ProcessingResponse(response_trailers=pb.TrailersResponse())]
+            answer = pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
+            if self._complete(None):
+                self._attach_metadata(answer)
+            return [answer]
         return []
 
     # The request.
@@ -258,33 +260,45 @@ class Exchange:
             answer.response_headers.response.header_mutation.set_headers.extend(
                 messages.header(k, v) for k, v in self.response.add_headers.items()
             )
-        if message.end_of_stream:
-            self._complete(None)
+        if message.end_of_stream and self._complete(None):
+            self._attach_metadata(answer)
         return answer
 
     def _response_body(self, message: pb.HttpBody) -> list[pb.ProcessingResponse]:
         d, response = self.decision, self.response
+        completed = False
         if d is not None and response is not None:
             response.chunk = message.body
             self.director.response_streaming(d, response, self.endpoint)
             if message.end_of_stream:
-                self._complete(None)
+                completed = self._complete(None)
         if self.modes.response_body == FULL_DUPLEX_STREAMED:
-            return [
+            answers = [
                 pb.ProcessingResponse(response_body=pb.BodyResponse(response=chunk))
                 for chunk in messages.streamed_chunks(message.body, end_of_stream=message.end_of_stream)
             ]
-        return [pb.ProcessingResponse(response_body=pb.BodyResponse())]
+        else:
+            answers = [pb.ProcessingResponse(response_body=pb.BodyResponse())]
+        if completed:
+            # As upstream: what the ResponseComplete hooks reported rides on the last body answer.
+            self._attach_metadata(answers[-1])
+        return answers
+
+    def _attach_metadata(self, answer: pb.ProcessingResponse) -> None:
+        """The response's dynamic metadata (what hooks reported once it completed), on `answer`."""
+        if self.response is not None and self.response.dynamic_metadata:
+            answer.dynamic_metadata.CopyFrom(messages.response_metadata(self.response))
 
     @property
     def endpoint(self) -> Endpoint:
         assert self.decision is not None
         return self.decision.targets[0]
 
-    def _complete(self, error: str | None) -> None:
+    def _complete(self, error: str | None) -> bool:
+        """Report the response complete, once; true when this call did."""
         d = self.decision
         if self.completed or d is None:
-            return
+            return False
         self.completed = True
         response = self.response or Response(d.request.request_id, status=0)
         response.end_of_stream = True
@@ -292,6 +306,7 @@ class Exchange:
         if error is not None and response.status == 0:
             response.error = error
         self.director.response_complete(d, response, self.endpoint)
+        return True
 
     def abandon(self) -> None:
         """The stream ended: a response that did not finish is reported complete, with an error."""

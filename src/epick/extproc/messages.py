@@ -7,7 +7,15 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
-from epick.requestcontrol.director import CONTROL_HEADERS, DESTINATION_HEADER, PREFILL_HEADER, Decision
+from epick.framework import Response
+from epick.requestcontrol.director import (
+    CONTROL_HEADERS,
+    DATA_PARALLEL_HEADER,
+    DESTINATION_HEADER,
+    ENCODER_HEADER,
+    PREFILL_HEADER,
+    Decision,
+)
 from epick.requestcontrol.errors import RequestError
 
 LB_NAMESPACE = "envoy.lb"
@@ -15,7 +23,7 @@ LB_NAMESPACE = "envoy.lb"
 # per chunk (gateway-api-inference-extension, pkg/common/envoy/chunking.go), and so does epick.
 CHUNK_BYTES = 62_000
 # Routing headers a client may not set: epick sets them, or removes what the client sent.
-ROUTING_HEADERS = frozenset(CONTROL_HEADERS | {PREFILL_HEADER})
+ROUTING_HEADERS = frozenset(CONTROL_HEADERS | {PREFILL_HEADER, ENCODER_HEADER, DATA_PARALLEL_HEADER})
 
 
 def header(key: str, value: str) -> base_pb2.HeaderValueOption:
@@ -41,6 +49,9 @@ def routing(decision: Decision, *, content_length: int | None) -> pb.CommonRespo
     if prefill is not None:
         sets.append(header(PREFILL_HEADER, prefill.host_port))
         removes.discard(PREFILL_HEADER)
+    for name, value in decision.result.headers.items():
+        sets.append(header(name, value))
+        removes.discard(name)
     if content_length is not None:
         sets.append(header("content-length", str(content_length)))
     return pb.CommonResponse(
@@ -53,6 +64,13 @@ def destinations(decision: Decision) -> struct_pb2.Struct:
     """Dynamic metadata `envoy.lb/x-gateway-destination-endpoint`: primary, then fallbacks."""
     metadata = struct_pb2.Struct()
     metadata.update({LB_NAMESPACE: {DESTINATION_HEADER: ",".join(ep.host_port for ep in decision.targets)}})
+    return metadata
+
+
+def response_metadata(response: Response) -> struct_pb2.Struct:
+    """The dynamic metadata hooks reported for `response`, by namespace (e.g. `envoy.lb`)."""
+    metadata = struct_pb2.Struct()
+    metadata.update({namespace: dict(values) for namespace, values in response.dynamic_metadata.items()})
     return metadata
 
 

@@ -7,6 +7,7 @@ from epick.framework.cycle_state import CycleState
 from epick.framework.endpoint import ROLE_LABEL, Endpoint, Metrics
 from epick.framework.errors import EndpointsFilteredError, NoEndpointsError, SchedulingError
 from epick.framework.interfaces import (
+    Admitter,
     DataProducer,
     EndpointRemoved,
     Filter,
@@ -39,6 +40,7 @@ from epick.framework.trace import ScheduleTrace
 
 __all__ = [
     "ROLE_LABEL",
+    "Admitter",
     "BadRequestError",
     "ChatMessage",
     "CycleState",

@@ -34,6 +34,7 @@ SCORER = "Scorer"
 PICKER = "Picker"
 PROFILE_HANDLER = "ProfileHandler"
 DATA_PRODUCER = "DataProducer"
+ADMITTER = "Admitter"
 
 
 @runtime_checkable
@@ -96,6 +97,16 @@ class DataProducer(Plugin, Protocol):
     def produce(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
     ) -> None: ...
+
+
+@runtime_checkable
+class Admitter(Plugin, Protocol):
+    """Decides, after the data producers and before scheduling, whether to serve the request at all
+    (upstream's `requestcontrol.Admitter`): None admits it, a reason refuses it (the client gets 429)."""
+
+    def admit(
+        self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> str | None: ...
 
 
 class PluginTimer(Protocol):

@@ -30,3 +30,7 @@ class Response:
     error: str | None = None  # set when the response failed (connection lost, 5xx)
     # Headers hooks want added to the client's response (e.g. a session token).
     add_headers: dict[str, str] = field(default_factory=dict)
+    # What hooks report to the gateway once the response is complete, by namespace then key (e.g.
+    # {"envoy.lb": {"x-gateway-inference-request-cost": 42.0}}): ext_proc sends it as dynamic metadata
+    # with the last response-body answer; the proxy as headers when it has not sent them yet.
+    dynamic_metadata: dict[str, dict[str, float | str | bool]] = field(default_factory=dict)

@@ -75,6 +75,9 @@ class SchedulingResult:
     # The profile whose target computes the prompt when the decision disaggregates prefill from
     # decode (set by a P/D profile handler; `prefill` is its target).
     prefill_profile: str | None = None
+    # Request headers the decision sets on the forwarded request beside the prefill header (e.g.
+    # `x-encoder-hosts-ports`, `x-data-parallel-host-port`), set by the profile handler.
+    headers: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def primary(self) -> ProfileRunResult:

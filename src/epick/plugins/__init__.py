@@ -1,5 +1,6 @@
 """The in-tree plugins, each in its own module, listed in one place."""
 
+from epick.plugins.admission import probabilistic
 from epick.plugins.datalayer import (
     core_metrics,
     dcgm,
@@ -10,6 +11,8 @@ from epick.plugins.datalayer import (
     topology,
 )
 from epick.plugins.filters import by_label, classic, label_selector, role, utilization
+from epick.plugins.filters import endpoint_attribute as endpoint_attribute_filter
+from epick.plugins.filters import topology_affinity as topology_affinity_filter
 from epick.plugins.parsers import anthropic, openai, passthrough, sglanghttp, vllmhttp
 from epick.plugins.pickers import max_score, random_picker, round_robin, weighted_random
 from epick.plugins.prefix import producer as prefix_producer
@@ -17,8 +20,11 @@ from epick.plugins.prefix import scorer as prefix_scorer
 from epick.plugins.prerequest import prefill_header
 from epick.plugins.profile import deciders, disagg, pd, shadow, single
 from epick.plugins.registry import PluginSpec, Registry
+from epick.plugins.reporters import request_attribute
 from epick.plugins.scorers import (
     active_request,
+    context_length_aware,
+    header_label_affinity,
     kv_cache,
     load_aware,
     lora_affinity,
@@ -28,6 +34,8 @@ from epick.plugins.scorers import (
     session_affinity,
     token_load,
 )
+from epick.plugins.scorers import endpoint_attribute as endpoint_attribute_scorer
+from epick.plugins.scorers import topology_affinity as topology_affinity_scorer
 
 
 def in_tree_plugins() -> list[PluginSpec]:
@@ -53,6 +61,7 @@ def in_tree_plugins() -> list[PluginSpec]:
         *classic.specs(),
         role.DECODE_SPEC,
         role.PREFILL_SPEC,
+        role.ENCODE_SPEC,
         utilization.SPEC,
         single.SPEC,
         disagg.SPEC,
@@ -60,6 +69,7 @@ def in_tree_plugins() -> list[PluginSpec]:
         shadow.SPEC,
         deciders.PREFIX_SPEC,
         deciders.ALWAYS_SPEC,
+        deciders.MULTIMODAL_SPEC,
         prefill_header.SPEC,
         openai.SPEC,
         anthropic.SPEC,
@@ -76,6 +86,14 @@ def in_tree_plugins() -> list[PluginSpec]:
         notifications.K8S_SPEC,
         file_discovery.SPEC,
         topology.SPEC,
+        topology_affinity_filter.SPEC,
+        topology_affinity_scorer.SPEC,
+        endpoint_attribute_filter.SPEC,
+        endpoint_attribute_scorer.SPEC,
+        header_label_affinity.SPEC,
+        context_length_aware.SPEC,
+        probabilistic.SPEC,
+        request_attribute.SPEC,
     ]
 
 

@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -233,6 +234,7 @@ class Proxy:
         prefill = d.prefill
         if prefill is not None:
             headers[PREFILL_HEADER] = prefill.host_port
+        headers.update(d.result.headers)
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=self.options.connect_timeout, sock_read=self.options.read_timeout
         )
@@ -281,6 +283,7 @@ class Proxy:
         out = web.Response(status=upstream.status, body=body)
         self._copy_headers(upstream, response, endpoint, out)
         self.director.response_complete(d, response, endpoint)
+        _metadata_headers(response, out)  # what the hooks reported, while the headers can still go
         return out
 
     def _copy_headers(
@@ -337,6 +340,12 @@ class Proxy:
             raise
         finally:
             self.director.response_complete(d, response, endpoint)
+            if response.dynamic_metadata:  # too late for headers, and aiohttp sends no trailers
+                log.debug(
+                    "request %s: dynamic metadata %s not sent (the response streamed)",
+                    d.request.request_id,
+                    response.dynamic_metadata,
+                )
         return out
 
 
@@ -347,6 +356,31 @@ class _Request:
 
     deadline: float
     out: web.StreamResponse | None = None
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+# Headers the relay owns, or that describe the body: a metadata key of one of these names is not sent.
+_NOT_METADATA = _NOT_RETURNED | {"content-type", "content-encoding"}
+
+
+def _metadata_headers(response: Response, out: web.StreamResponse) -> None:
+    """The standalone proxy's stand-in for ext_proc dynamic metadata: each key hooks reported (e.g.
+    request-attribute-reporter's `x-gateway-inference-request-cost`) as a response header of that
+    name, a whole number without a fraction. The namespace is not sent; a key that is not a valid
+    header name, or names a header the relay owns, is left out."""
+    for values in response.dynamic_metadata.values():
+        for name, value in values.items():
+            if not _TOKEN.fullmatch(name) or name.lower() in _NOT_METADATA:
+                continue
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, int | float):
+                text = str(int(value)) if float(value).is_integer() else repr(float(value))
+            else:
+                text = str(value)
+            if "\r" in text or "\n" in text:
+                continue
+            out.headers[name] = text
 
 
 async def _end_with_error(out: web.StreamResponse, message: str) -> None:

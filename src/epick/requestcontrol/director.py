@@ -45,12 +45,16 @@ FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
 MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 PREFILL_HEADER = "x-prefiller-host-port"
+ENCODER_HEADER = "x-encoder-hosts-ports"
+DATA_PARALLEL_HEADER = "x-data-parallel-host-port"
 REQUEST_ID_HEADER = "x-request-id"
 DEFAULT_PATH = "/v1/completions"  # a request with no path (upstream's default too)
 CONTROL_HEADERS = frozenset({OBJECTIVE_HEADER, FAIRNESS_HEADER, MODEL_REWRITE_HEADER, DESTINATION_HEADER})
 # Headers only epick may set: a client's are dropped before plugins see the request, and before it is
 # forwarded (a client must not steer routing, nor point a decode server at a prefill host).
-UNTRUSTED_HEADERS = frozenset({DESTINATION_HEADER, PREFILL_HEADER, MODEL_REWRITE_HEADER})
+UNTRUSTED_HEADERS = frozenset(
+    {DESTINATION_HEADER, PREFILL_HEADER, ENCODER_HEADER, DATA_PARALLEL_HEADER, MODEL_REWRITE_HEADER}
+)
 
 
 @dataclass(slots=True)

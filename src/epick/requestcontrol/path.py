@@ -60,7 +60,9 @@ class RequestPath:
 
         Raises `RequestError` with the status a client gets: 503 when there is no candidate or no
         profile can serve, 429 when a sheddable request meets a saturated pool or every candidate is
-        filtered out. Flow control, when configured, will sit between admission and scheduling.
+        filtered out, or an admitter plugin refuses it. The data producers run before the admitters,
+        and both after the saturation check, as upstream orders them. Flow control, when configured,
+        will sit between admission and scheduling.
         """
         config = self.config
         if not candidates:
@@ -75,6 +77,12 @@ class RequestPath:
         cycle_state = CycleState()
         if config.hooks.producers:
             self._produce(request, cycle_state, candidates)
+        if config.hooks.admitters:
+            endpoints = candidates.endpoints if isinstance(candidates, Snapshot) else candidates
+            for admitter in config.hooks.admitters:
+                refused = admitter.admit(request, cycle_state, endpoints)
+                if refused is not None:
+                    raise RequestError(429, f"request cannot be admitted: {refused}", "not_admitted")
         start = time.perf_counter()
         try:
             result = config.scheduler.schedule(request, candidates, cycle_state=cycle_state)

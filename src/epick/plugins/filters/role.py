@@ -1,8 +1,10 @@
-"""`decode-filter` and `prefill-filter` (llm-d): keep endpoints by their `llm-d.ai/role` label.
+"""`decode-filter`, `prefill-filter` and `encode-filter` (llm-d): keep endpoints by their
+`llm-d.ai/role` label (llm-d/llm-d-router, pkg/epp/framework/plugins/scheduling/filter/bylabel/roles.go).
 
 decode-filter keeps roles decode, prefill-decode, both, encode-prefill-decode, and endpoints without
 the label (a plain server does both). prefill-filter keeps prefill, encode-prefill, prefill-decode,
-both and encode-prefill-decode; an unlabelled endpoint is not a prefill endpoint.
+both and encode-prefill-decode; encode-filter keeps encode, encode-prefill and encode-prefill-decode.
+An unlabelled endpoint is neither a prefill nor an encode endpoint.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from epick.plugins.registry import Handle, NoParameters, PluginSpec
 
 DECODE_TYPE = "decode-filter"
 PREFILL_TYPE = "prefill-filter"
+ENCODE_TYPE = "encode-filter"
 
 DECODE_ROLES = frozenset({"decode", "prefill-decode", "both", "encode-prefill-decode"})
 PREFILL_ROLES = frozenset({"prefill", "encode-prefill", "prefill-decode", "both", "encode-prefill-decode"})
+ENCODE_ROLES = frozenset({"encode", "encode-prefill", "encode-prefill-decode"})
 
 
 class RoleFilter(NamedPlugin):
@@ -45,6 +49,11 @@ class PrefillFilter(RoleFilter):
     roles = PREFILL_ROLES
 
 
+class EncodeFilter(RoleFilter):
+    plugin_type = ENCODE_TYPE
+    roles = ENCODE_ROLES
+
+
 def _decode(name: str, params: NoParameters, handle: Handle) -> DecodeFilter:
     return DecodeFilter(name)
 
@@ -53,5 +62,12 @@ def _prefill(name: str, params: NoParameters, handle: Handle) -> PrefillFilter:
     return PrefillFilter(name)
 
 
+def _encode(name: str, params: NoParameters, handle: Handle) -> EncodeFilter:
+    return EncodeFilter(name)
+
+
+ENCODE_SPEC = PluginSpec(
+    ENCODE_TYPE, _encode, NoParameters, "keep encode-capable endpoints (multimodal encoders)"
+)
 DECODE_SPEC = PluginSpec(DECODE_TYPE, _decode, NoParameters, "keep decode-capable endpoints (and unlabelled)")
 PREFILL_SPEC = PluginSpec(PREFILL_TYPE, _prefill, NoParameters, "keep prefill-capable endpoints")

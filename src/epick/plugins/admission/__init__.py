@@ -1,0 +1,1 @@
+"""Admission plugins: refuse a request before it is scheduled."""
