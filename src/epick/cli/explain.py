@@ -55,8 +55,9 @@ def replay_history(config: LoadedConfig, history: list[tuple[InferenceRequest, E
     hooks = config.hooks
     for request, endpoint in history:
         result = SchedulingResult({profile: ProfileRunResult((endpoint,))}, profile)
+        cycle_state = produce(config, request, [endpoint])
         for pre in hooks.pre_request:
-            pre.pre_request(request, result, CycleState())
+            pre.pre_request(request, result, cycle_state)
         response = Response(request.request_id, end_of_stream=True)
         for received in hooks.response_received:
             received.response_received(request, response, endpoint)
@@ -64,10 +65,25 @@ def replay_history(config: LoadedConfig, history: list[tuple[InferenceRequest, E
             complete.response_complete(request, response, endpoint)
 
 
+def produce(config: LoadedConfig, request: InferenceRequest, endpoints: list[Endpoint]) -> CycleState:
+    """A cycle state holding what the config's data producers make of `request`, as the request path
+    runs them before scheduling (in order; the first that fails ends the phase)."""
+    cycle_state = CycleState()
+    for producer in config.hooks.producers:
+        try:
+            producer.produce(request, cycle_state, endpoints)
+        except Exception:
+            break
+    return cycle_state
+
+
 def explain(config: LoadedConfig, request: InferenceRequest, endpoints: list[Endpoint]) -> Explanation:
     trace = ScheduleTrace()
+    cycle_state = produce(config, request, endpoints)
     try:
-        result: SchedulingResult | None = config.scheduler.schedule(request, endpoints, trace=trace)
+        result: SchedulingResult | None = config.scheduler.schedule(
+            request, endpoints, trace=trace, cycle_state=cycle_state
+        )
     except SchedulingError:
         result = None  # the trace holds the error
     return Explanation(trace, result)

@@ -1,0 +1,176 @@
+"""Every EndpointPickerConfig document upstream publishes, loaded unchanged and asked to schedule.
+
+tests/config/upstream/ holds the configs of GIE v1.5.0 (docs, Helm chart, integration and loader
+testdata), llm-d-router and llm-d-inference-scheduler (deploy configs, docs, e2e tests) and the llm-d
+guides, each with a `# Source:` line naming its repository, revision and path. A file whose types
+epick has must load (`epick check-config`) and schedule a request (`epick explain`) on a pool of
+decode, prefill and encode endpoints. A file that needs a type epick does not implement yet is listed
+in PENDING with exactly the types it lacks, and the loader must say so of each, naming its upstream
+origin: when a type lands, its files leave the list.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from epick.cli.explain import explain
+from epick.config import ConfigError, load_config_file
+from epick.framework import ChatMessage, Endpoint, InferenceRequest, Metrics, RequestBody
+from tests.builders import make_endpoint
+
+CORPUS = Path(__file__).parent / "upstream"
+FILES = sorted(CORPUS.glob("*/*.yaml"))
+
+# Types each issue still has to bring (issue 13: tokenizer and precise prefix cache; 14: flow control;
+# 16: predicted latency), and types no issue has taken yet.
+TOKENS = {"token-producer", "tokenizer"}
+PRECISE = {"precise-prefix-cache-producer", "precise-prefix-cache-scorer"}
+LATENCY = {"predicted-latency-producer", "latency-scorer", "latency-slo-admitter", "slo-headroom-tier-filter"}
+FLOW = {
+    "fcfs-ordering-policy",
+    "global-strict-fairness-policy",
+    "round-robin-fairness-policy",
+    "program-aware-fairness",
+    "soft-reflective-ceiling-policy",
+}
+PENDING: dict[str, set[str]] = {
+    "gie-v1.5.0/chart-latency-predictor.yaml": LATENCY | {"prefix-cache-affinity-filter"},
+    "gie-v1.5.0/config-text-parser-vllmgrpc.yaml": {"vllmgrpc-parser"},
+    "gie-v1.5.0/loader-successComplexFlowControlConfigText.yaml": {
+        "fcfs-ordering-policy",
+        "global-strict-fairness-policy",
+    },
+    "llm-d-guides/agentic-serving.yaml": {"inflight-load-producer", "prefix-cache-affinity-filter"},
+    "llm-d-guides/flow-control.yaml": {"fcfs-ordering-policy", "round-robin-fairness-policy"}
+    | {"concurrency-detector"},
+    "llm-d-guides/multimodal-serving-aggregation.yaml": {"token-producer"},
+    "llm-d-guides/multimodal-serving-e-p-d-disaggregation.yaml": {"token-producer"},
+    "llm-d-guides/precise-prefix-cache-routing.yaml": {"token-producer"} | {"precise-prefix-cache-producer"},
+    "llm-d-guides/predicted-latency-routing-predicted-latency-slo.yaml": LATENCY
+    | {"prefix-cache-affinity-filter"},
+    "llm-d-guides/predicted-latency.yaml": {"latency-scorer", "predicted-latency-producer"}
+    | {"prefix-cache-affinity-filter"},
+    "llm-d-inference-scheduler/main-deploy-epp-precise-prefix-cache-config.yaml": {"token-producer"}
+    | {"precise-prefix-cache-scorer"},
+    "llm-d-inference-scheduler/main-deploy-sim-epp-kvcache-config.yaml": {"token-producer"}
+    | {"precise-prefix-cache-scorer"},
+    "llm-d-inference-scheduler/main-deploy-sim-epp-no-hit-lru.yaml": {"precise-prefix-cache-scorer"},
+    "llm-d-inference-scheduler/main-deploy-sim-epp-tokenizer-vllm-http-config.yaml": {"token-producer"}
+    | {"precise-prefix-cache-scorer"},
+    "llm-d-inference-scheduler/main-parsers-readme-vllmgrpc.yaml": {"vllmgrpc-parser"},
+    "llm-d-inference-scheduler/v0.8.0-deploy-dp-epp-config.yaml": {"data-parallel-profile-handler"},
+    "llm-d-inference-scheduler/v0.8.0-deploy-epp-precise-prefix-cache-config.yaml": {"tokenizer"}
+    | {"precise-prefix-cache-scorer"},
+    "llm-d-inference-scheduler/v0.8.0-deploy-sim-epp-external-tokenizer-config.yaml": {"tokenizer"}
+    | {"precise-prefix-cache-scorer"},
+    "llm-d-inference-scheduler/v0.8.0-deploy-sim-epp-kvcache-config.yaml": {"precise-prefix-cache-scorer"},
+    "llm-d-inference-scheduler/v0.8.0-deploy-sim-epp-no-hit-lru.yaml": {"precise-prefix-cache-scorer"},
+    "llm-d-router/agent-identity-readme-additional-headers.yaml": {"agent-identity"},
+    "llm-d-router/agent-identity-readme-default.yaml": {"agent-identity"},
+    "llm-d-router/chart-latency-predictor.yaml": LATENCY | {"prefix-cache-affinity-filter"},
+    "llm-d-router/deploy-dp-epp-config.yaml": {"data-parallel-profile-handler"},
+    "llm-d-router/deploy-epp-burst-prefix-cache-config.yaml": {"token-producer"}
+    | {"burst-prefix-cache-producer"},
+    "llm-d-router/deploy-epp-mm-embeddings-cache-config.yaml": {"token-producer"}
+    | {"precise-prefix-cache-producer"}
+    | {"mm-embeddings-cache-producer", "mm-embeddings-cache-scorer"},
+    "llm-d-router/deploy-epp-precise-prefix-cache-config.yaml": {"token-producer"}
+    | {"precise-prefix-cache-producer"},
+    "llm-d-router/deploy-sim-epp-kvcache-config.yaml": {"token-producer"} | {"precise-prefix-cache-producer"},
+    "llm-d-router/deploy-sim-epp-no-hit-lru.yaml": {"precise-prefix-cache-producer"},
+    "llm-d-router/deploy-sim-epp-tokenizer-vllm-http-config.yaml": {"token-producer"}
+    | {"precise-prefix-cache-producer"},
+    "llm-d-router/deploy-sim-program-aware-config.yaml": {"program-aware-fairness"},
+    "llm-d-router/deploy-soft-reflective-ceiling-epp-config.yaml": {"soft-reflective-ceiling-policy"},
+    "llm-d-router/disaggregatedset-rollout-readme.yaml": {"disaggregatedset-rollout-screener"},
+    "llm-d-router/docs-architecture-precise-prefix.yaml": {"precise-prefix-cache-producer"},
+    "llm-d-router/parsers-readme-vertexai.yaml": {"vertexai-parser"},
+    "llm-d-router/parsers-readme-vllmgrpc.yaml": {"vllmgrpc-parser"},
+    "llm-d-router/plugins-readme-multicluster.yaml": {
+        "multicluster-file-discovery",
+        "multicluster-kv-cache-utilization-scorer",
+        "multicluster-metrics-data-source",
+        "multicluster-metrics-extractor",
+        "multicluster-queue-scorer",
+        "multicluster-session-affinity-filter",
+    },
+    "llm-d-router/test-coordinator-eppConfig.yaml": {"header-profile-handler"},
+    "llm-d-router/test-coordinator-eppConfigLeastBusy.yaml": {"inflight-load-producer"},
+    "llm-d-router/test-coordinator-eppConfigPrefill.yaml": {
+        "inflight-load-producer",
+        "prefix-cache-affinity-filter",
+    },
+    "llm-d-router/test-e2e-dataParallelConfig.yaml": {"data-parallel-profile-handler"},
+    "llm-d-router/test-precise-prefix.yaml": {"token-producer"} | {"precise-prefix-cache-producer"},
+    "llm-d-router/test-wellknown-predicted-latency-slo.yaml": LATENCY | {"prefix-cache-affinity-filter"},
+    "llm-d-router/test-wellknown-tiered-prefix-cache-cpu.yaml": {"token-producer"},
+    "llm-d-router/test-wellknown-wide-ep-lws-experimental-dp-aware.yaml": {"token-producer"},
+}
+
+
+def _missing(path: Path) -> set[str]:
+    try:
+        load_config_file(path, seed=0)
+    except ConfigError as e:
+        found = set()
+        for issue in e.issues:
+            if issue.message.startswith("depends on plugin"):
+                continue  # a consequence of a missing type, reported at that type
+            m = re.search(
+                r"plugin type '([^']+)' is an upstream EPP .* that epick does not implement yet",
+                issue.message,
+            )
+            assert m is not None, f"{path.name}: {issue.render(e.source)}"
+            found.add(m.group(1))
+        return found
+    return set()
+
+
+def _pool() -> list[Endpoint]:
+    def ep(name: str, role: str | None, queue: int, address: str, **labels: str) -> Endpoint:
+        if role is not None:
+            labels["role"] = role  # the label key upstream's docs select on
+        base = make_endpoint(name, role=role, queue=queue, address=address, labels=labels)
+        return base.with_metrics(
+            Metrics(waiting_queue_size=queue, kv_cache_usage_percent=0.2, update_time=None)
+        )
+
+    return [
+        ep("decode-0", "decode", 0, "10.0.0.1", **{"kubernetes.io/hostname": "n1"}),
+        ep("decode-1", "decode", 2, "10.0.0.2", **{"kubernetes.io/hostname": "n2"}),
+        ep("prefill-0", "prefill", 1, "10.0.0.3", **{"kubernetes.io/hostname": "n1"}),
+        ep("encode-0", "encode", 0, "10.0.0.4"),
+        ep("plain-0", None, 1, "10.0.0.5"),
+    ]
+
+
+def _request() -> InferenceRequest:
+    content = [{"type": "text", "text": "describe " * 40}, {"type": "image_url", "image_url": {"url": "u"}}]
+    return InferenceRequest(
+        target_model="meta-llama/Llama-3.1-8B-Instruct",
+        body=RequestBody.chat([ChatMessage("user", content)]),
+        request_id="corpus",
+        headers={"x-session-token": ""},
+    )
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_upstream_config_loads_and_schedules_or_names_what_epick_lacks(path: Path) -> None:
+    assert path.read_text(encoding="utf-8").startswith("# Source: "), "each corpus file names its source"
+    missing = _missing(path)
+    assert missing == PENDING.get(f"{path.parent.name}/{path.name}", set())
+    if missing:
+        return
+    config = load_config_file(path, seed=0)
+    explanation = explain(config, _request(), _pool())
+    assert explanation.result is not None, f"{path.name}: {explanation.trace.error}"
+    assert explanation.result.targets
+
+
+def test_pending_lists_only_corpus_files() -> None:
+    names = {f"{p.parent.name}/{p.name}" for p in FILES}
+    assert set(PENDING) <= names
+    assert len(FILES) >= 100
