@@ -61,7 +61,6 @@ PENDING: dict[str, set[str]] = {
     "llm-d-inference-scheduler/main-deploy-sim-epp-tokenizer-vllm-http-config.yaml": {"token-producer"}
     | {"precise-prefix-cache-scorer"},
     "llm-d-inference-scheduler/main-parsers-readme-vllmgrpc.yaml": {"vllmgrpc-parser"},
-    "llm-d-inference-scheduler/v0.8.0-deploy-dp-epp-config.yaml": {"data-parallel-profile-handler"},
     "llm-d-inference-scheduler/v0.8.0-deploy-epp-precise-prefix-cache-config.yaml": {"tokenizer"}
     | {"precise-prefix-cache-scorer"},
     "llm-d-inference-scheduler/v0.8.0-deploy-sim-epp-external-tokenizer-config.yaml": {"tokenizer"}
@@ -71,7 +70,6 @@ PENDING: dict[str, set[str]] = {
     "llm-d-router/agent-identity-readme-additional-headers.yaml": {"agent-identity"},
     "llm-d-router/agent-identity-readme-default.yaml": {"agent-identity"},
     "llm-d-router/chart-latency-predictor.yaml": LATENCY | {"prefix-cache-affinity-filter"},
-    "llm-d-router/deploy-dp-epp-config.yaml": {"data-parallel-profile-handler"},
     "llm-d-router/deploy-epp-burst-prefix-cache-config.yaml": {"token-producer"}
     | {"burst-prefix-cache-producer"},
     "llm-d-router/deploy-epp-mm-embeddings-cache-config.yaml": {"token-producer"}
@@ -97,13 +95,11 @@ PENDING: dict[str, set[str]] = {
         "multicluster-queue-scorer",
         "multicluster-session-affinity-filter",
     },
-    "llm-d-router/test-coordinator-eppConfig.yaml": {"header-profile-handler"},
     "llm-d-router/test-coordinator-eppConfigLeastBusy.yaml": {"inflight-load-producer"},
     "llm-d-router/test-coordinator-eppConfigPrefill.yaml": {
         "inflight-load-producer",
         "prefix-cache-affinity-filter",
     },
-    "llm-d-router/test-e2e-dataParallelConfig.yaml": {"data-parallel-profile-handler"},
     "llm-d-router/test-precise-prefix.yaml": {"token-producer"} | {"precise-prefix-cache-producer"},
     "llm-d-router/test-wellknown-predicted-latency-slo.yaml": LATENCY | {"prefix-cache-affinity-filter"},
     "llm-d-router/test-wellknown-tiered-prefix-cache-cpu.yaml": {"token-producer"},

@@ -18,7 +18,7 @@ from epick.plugins.pickers import max_score, random_picker, round_robin, weighte
 from epick.plugins.prefix import producer as prefix_producer
 from epick.plugins.prefix import scorer as prefix_scorer
 from epick.plugins.prerequest import prefill_header
-from epick.plugins.profile import deciders, disagg, pd, shadow, single
+from epick.plugins.profile import data_parallel, deciders, disagg, header, pd, shadow, single
 from epick.plugins.registry import PluginSpec, Registry
 from epick.plugins.reporters import request_attribute
 from epick.plugins.scorers import (
@@ -94,6 +94,8 @@ def in_tree_plugins() -> list[PluginSpec]:
         context_length_aware.SPEC,
         probabilistic.SPEC,
         request_attribute.SPEC,
+        data_parallel.SPEC,
+        header.SPEC,
     ]
 
 
