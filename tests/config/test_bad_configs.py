@@ -599,14 +599,14 @@ CASES = [
           pluginRef: queue-scorer
         """,
         "saturationDetector.pluginRef",
-        "'queue-scorer' is not a utilization-detector plugin of this config",
-        "define a plugin of type utilization-detector",
+        "'queue-scorer' is not a saturation detector plugin of this config",
+        "define a utilization-detector or concurrency-detector plugin",
     ),
     Bad(
         "saturationDetector-pluginRef-undefined",
         "saturationDetector:\n  pluginRef: sat\n",
         "saturationDetector.pluginRef",
-        "'sat' is not a utilization-detector plugin",
+        "'sat' is not a saturation detector plugin",
         "refer to its name",
     ),
     Bad(

@@ -111,10 +111,10 @@ def test_missing_upstream_type_is_reported_with_its_origin(upstream: UpstreamTyp
 
 
 def test_missing_type_message_reads_as_documented() -> None:
-    err = errors("plugins:\n- type: prefix-cache-affinity-filter\n")
+    err = errors("plugins:\n- type: slo-headroom-tier-filter\n")
     assert str(err) == (
-        "test.yaml: plugins[0].type: plugin type 'prefix-cache-affinity-filter' is an upstream EPP filter "
-        "(llm-d/llm-d-router, pkg/epp/framework/plugins/scheduling/filter/prefixcacheaffinity) that epick "
+        "test.yaml: plugins[0].type: plugin type 'slo-headroom-tier-filter' is an upstream EPP filter "
+        "(llm-d/llm-d-router, pkg/epp/framework/plugins/scheduling/filter/sloheadroomtier) that epick "
         "does not implement yet (fix: see docs/plugins.md for the upstream types epick has)"
     )
 

@@ -47,9 +47,11 @@ from epick.plugins.filters.label_selector import (
     LabelSelectorFilter,
     LabelSelectorParameters,
 )
+from epick.plugins.filters.prefix_affinity import PrefixCacheAffinityFilter
 from epick.plugins.filters.role import DecodeFilter, EncodeFilter, PrefillFilter
 from epick.plugins.filters.topology_affinity import TopologyAffinityFilter
 from epick.plugins.filters.utilization import UtilizationDetector, UtilizationParameters
+from epick.plugins.load.concurrency import ConcurrencyDetector, ConcurrencyParameters
 from epick.plugins.pickers.max_score import MaxScorePicker
 from epick.plugins.pickers.random_picker import RandomPicker
 from epick.plugins.pickers.round_robin import RoundRobinPicker
@@ -333,6 +335,8 @@ def some_filters(selector: LabelSelectorParameters, params: UtilizationParameter
         PrefillFilter(),
         EncodeFilter(),
         TopologyAffinityFilter(),
+        ConcurrencyDetector(params=ConcurrencyParameters(max_concurrency=1)),
+        PrefixCacheAffinityFilter(prefix_producer="approx-prefix-cache-producer"),
         EndpointAttributeFilter(
             None, "GPUUtilization/dcgm-extractor", "LessThan", 0.5, fallback_on_empty=True
         ),

@@ -368,7 +368,8 @@ class Service:
         if staleness is not None:
             # The admission detector and any utilization-detector used as a filter alike.
             detectors = {id(d): d for d in config.plugins.values() if isinstance(d, UtilizationDetector)}
-            detectors[id(config.saturation_detector)] = config.saturation_detector
+            if isinstance(config.saturation_detector, UtilizationDetector):
+                detectors[id(config.saturation_detector)] = config.saturation_detector
             for detector in detectors.values():
                 detector.params = detector.params.model_copy(
                     update={"metrics_staleness_threshold": staleness}

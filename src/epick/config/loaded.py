@@ -16,9 +16,9 @@ from epick.framework import (
     ResponseComplete,
     ResponseReceived,
     ResponseStreaming,
+    SaturationDetector,
     Scheduler,
 )
-from epick.plugins.filters.utilization import UtilizationDetector
 
 
 @dataclass(slots=True)
@@ -57,7 +57,7 @@ class LoadedConfig:
     scheduler: Scheduler
     plugins: dict[str, Plugin]
     hooks: RequestHooks
-    saturation_detector: UtilizationDetector
+    saturation_detector: SaturationDetector
     parsers: ParserSet
     warnings: list[str]
     data_layer: DataLayerPlan = field(default_factory=DataLayerPlan)

@@ -55,6 +55,7 @@ from epick.framework import (
     Picker,
     Plugin,
     ProfileHandler,
+    SaturationDetector,
     Scheduler,
     SchedulerProfile,
     Scorer,
@@ -227,6 +228,7 @@ class _Builder:
     # Phase 1: names, types, references, defaults.
     def build(self) -> LoadedConfig:
         self._index_plugins()
+        self._add_required_producers()
         self._check_profiles_refs()
         for section, why in IGNORED_SECTIONS.items():
             if getattr(self.doc, section) is not None:
@@ -285,6 +287,29 @@ class _Builder:
                 self.fail(f"{path}.type", message, fix)
                 self._failed.add(name)
             self.entries[name] = (i, entry)
+
+    def _add_required_producers(self) -> None:
+        """Upstream's default producers: a plugin that reads a producer's data the config does not
+        define gets one, named after its type, with default parameters (transitively)."""
+        pending = list(self.entries)
+        while pending:
+            name = pending.pop(0)
+            _, entry = self.entries[name]
+            spec = self.registry.get(entry.type)
+            if spec is None or spec.requires is None:
+                continue
+            try:
+                params = spec.parameters.model_validate(entry.parameters or {})
+            except ValidationError:
+                continue  # reported when the plugin is built
+            for needed in spec.requires(params):
+                if needed in self.entries or needed not in self.registry:
+                    continue
+                self.entries[needed] = (-1, PluginEntry(type=needed))
+                self.warnings.append(
+                    f"plugin {needed!r} added with default parameters: {name!r} reads its data"
+                )
+                pending.append(needed)
 
     def _unknown_type(self, type_name: str) -> tuple[str, str]:
         """The error and fix for a type epick's registry lacks: an upstream type epick does not
@@ -668,7 +693,7 @@ class _Builder:
     def _parser_types(self) -> list[str]:
         return [t for t in PARSER_TYPES if t in self.registry]
 
-    def _saturation_detector(self) -> UtilizationDetector:
+    def _saturation_detector(self) -> SaturationDetector:
         section = self.doc.saturation_detector
         detectors = [(n, p) for n, p in self.instances.items() if isinstance(p, UtilizationDetector)]
         if section is not None and section.plugin_ref is not None:
@@ -679,11 +704,11 @@ class _Builder:
                     "move the thresholds into the referenced plugin's parameters",
                 )
             found = self.instances.get(section.plugin_ref)
-            if not isinstance(found, UtilizationDetector):
+            if not isinstance(found, SaturationDetector):
                 self.fail(
                     "saturationDetector.pluginRef",
-                    f"{section.plugin_ref!r} is not a utilization-detector plugin of this config",
-                    "define a plugin of type utilization-detector and refer to its name",
+                    f"{section.plugin_ref!r} is not a saturation detector plugin of this config",
+                    "define a utilization-detector or concurrency-detector plugin and refer to its name",
                 )
                 return UtilizationDetector()
             return found

@@ -19,6 +19,7 @@ from epick.framework.interfaces import (
     ResponseComplete,
     ResponseReceived,
     ResponseStreaming,
+    SaturationDetector,
     Scorer,
 )
 from epick.framework.parsing import ParsedRequest, Parser, ParserSet, merge_usage
@@ -69,6 +70,7 @@ __all__ = [
     "ResponseComplete",
     "ResponseReceived",
     "ResponseStreaming",
+    "SaturationDetector",
     "ScheduleTrace",
     "Scheduler",
     "SchedulerProfile",

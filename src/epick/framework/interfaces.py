@@ -109,6 +109,14 @@ class Admitter(Plugin, Protocol):
     ) -> str | None: ...
 
 
+@runtime_checkable
+class SaturationDetector(Plugin, Protocol):
+    """How saturated a pool is (>= 1: saturated), for admission: a sheddable request meeting a
+    saturated pool is refused."""
+
+    def pool_saturation(self, endpoints: Sequence[Endpoint]) -> float: ...
+
+
 class PluginTimer(Protocol):
     """Receives how long each plugin call took (the service turns it into a metric)."""
 

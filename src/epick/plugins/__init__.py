@@ -10,9 +10,10 @@ from epick.plugins.datalayer import (
     notifications,
     topology,
 )
-from epick.plugins.filters import by_label, classic, label_selector, role, utilization
+from epick.plugins.filters import by_label, classic, label_selector, prefix_affinity, role, utilization
 from epick.plugins.filters import endpoint_attribute as endpoint_attribute_filter
 from epick.plugins.filters import topology_affinity as topology_affinity_filter
+from epick.plugins.load import concurrency, inflight
 from epick.plugins.parsers import anthropic, openai, passthrough, sglanghttp, vllmhttp
 from epick.plugins.pickers import max_score, random_picker, round_robin, weighted_random
 from epick.plugins.prefix import producer as prefix_producer
@@ -96,6 +97,9 @@ def in_tree_plugins() -> list[PluginSpec]:
         request_attribute.SPEC,
         data_parallel.SPEC,
         header.SPEC,
+        inflight.SPEC,
+        concurrency.SPEC,
+        prefix_affinity.SPEC,
     ]
 
 

@@ -1,0 +1,150 @@
+"""`prefix-cache-affinity-filter`: keep only the endpoints that very likely hold the prompt's prefix,
+unless that would cost too much time to first token.
+
+As upstream's (llm-d/llm-d-router, pkg/epp/framework/plugins/scheduling/filter/prefixcacheaffinity):
+an endpoint is sticky when matched blocks / prompt blocks (the prefix-match producer's data,
+`prefixMatchInfoProducerName`) >= `affinityThreshold` (0.8; <= 0 turns the filter off; > 1 is an
+error). With one candidate or none sticky, all pass; with probability `explorationProbability` (0) all
+pass too. Otherwise the sticky ones pass, unless the load gate breaks stickiness: with
+`maxTTFTPenaltyMs` > 0 (18000) and some candidate not sticky, the best sticky endpoint's estimated
+TTFT minus the best other's must not exceed it, where TTFT = in-flight tokens /
+`peakPrefillThroughput` (15928 tokens/s) × 1000 (`ttftSource: prefillThroughput`, reading
+`inFlightLoadProducerName`'s producer, added with defaults when the config has none).
+`ttftSource: latencyPredictor` needs `predicted-latency-producer`, which epick does not implement yet:
+it is refused at load.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads
+from epick.framework.datalayer import data_key
+from epick.plugins.load.inflight import TYPE as INFLIGHT_TYPE
+from epick.plugins.load.inflight import InFlightLoadProducer, resolve_inflight
+from epick.plugins.prefix.scorer import MATCH_DATA_TYPE, PrefixMatch, resolve_producer
+from epick.plugins.registry import Handle, ParameterError, Parameters, PluginSpec
+
+TYPE = "prefix-cache-affinity-filter"
+
+
+class PrefixAffinityParameters(Parameters):
+    affinity_threshold: float = Field(default=0.8, le=1.0)
+    exploration_probability: float = Field(default=0.0, ge=0.0, le=1.0)
+    max_ttft_penalty_ms: float = Field(default=18000.0, ge=0, alias="maxTTFTPenaltyMs")
+    ttft_source: Literal["prefillThroughput", "latencyPredictor"] = Field(
+        default="prefillThroughput", alias="ttftSource"
+    )
+    peak_prefill_throughput: float = Field(default=15928.0, ge=0)
+    prefix_match_info_producer_name: str = ""
+    in_flight_load_producer_name: str = ""
+    latency_prediction_info_producer_name: str = ""
+
+    @field_validator("ttft_source", mode="before")
+    @classmethod
+    def _source(cls, v: object) -> object:
+        if v == "":
+            raise ValueError('ttftSource must be "prefillThroughput" or "latencyPredictor", not empty')
+        return v
+
+    @model_validator(mode="after")
+    def _throughput(self) -> PrefixAffinityParameters:
+        if (
+            self.ttft_source == "prefillThroughput"
+            and self.max_ttft_penalty_ms > 0
+            and self.peak_prefill_throughput <= 0
+        ):
+            raise ValueError("peakPrefillThroughput must be > 0 when ttftSource is prefillThroughput")
+        return self
+
+
+class PrefixCacheAffinityFilter(NamedPlugin):
+    plugin_type = TYPE
+    reads = Reads.HISTORY  # the prefix match and the in-flight counts
+
+    def __init__(
+        self,
+        name: str | None = None,
+        params: PrefixAffinityParameters | None = None,
+        *,
+        prefix_producer: str | None = None,
+        inflight: InFlightLoadProducer | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        super().__init__(name)
+        self.params = params or PrefixAffinityParameters()
+        self.match_key = data_key(MATCH_DATA_TYPE, prefix_producer) if prefix_producer else None
+        self.inflight = inflight
+        self.rng = rng or random.Random()
+
+    def ttft_ms(self, endpoint: Endpoint) -> float:
+        tokens = self.inflight.load(endpoint.name).tokens if self.inflight is not None else 0
+        return tokens / self.params.peak_prefill_throughput * 1000.0
+
+    def filter(
+        self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> list[Endpoint]:
+        p = self.params
+        if len(endpoints) <= 1 or p.affinity_threshold <= 0:
+            return list(endpoints)
+        if p.exploration_probability > 0 and self.rng.random() < p.exploration_probability:
+            return list(endpoints)
+        match = cycle_state.read(self.match_key, PrefixMatch) if self.match_key else None
+        if match is None or match.total_blocks <= 0:
+            return list(endpoints)
+        sticky = [
+            ep
+            for ep in endpoints
+            if match.matched.get(ep.name, 0) / match.total_blocks >= p.affinity_threshold
+        ]
+        if not sticky:
+            return list(endpoints)
+        others = [ep for ep in endpoints if ep not in sticky]
+        if p.max_ttft_penalty_ms > 0 and others:
+            best_sticky = min(self.ttft_ms(ep) for ep in sticky)
+            best_other = min(self.ttft_ms(ep) for ep in others)
+            if best_sticky - best_other > p.max_ttft_penalty_ms:
+                return list(endpoints)
+        return sticky
+
+
+def _factory(name: str, params: PrefixAffinityParameters, handle: Handle) -> PrefixCacheAffinityFilter:
+    if params.max_ttft_penalty_ms > 0 and params.ttft_source == "latencyPredictor":
+        raise ParameterError(
+            "ttftSource",
+            "ttftSource latencyPredictor reads predicted-latency-producer, an upstream type epick does not "
+            "implement yet",
+            "use prefillThroughput, or maxTTFTPenaltyMs: 0 for no load gate",
+        )
+    prefix = resolve_producer(handle, params.prefix_match_info_producer_name, "prefixMatchInfoProducerName")
+    inflight = None
+    if params.max_ttft_penalty_ms > 0:
+        inflight = resolve_inflight(handle, params.in_flight_load_producer_name, "inFlightLoadProducerName")
+    return PrefixCacheAffinityFilter(
+        name,
+        params,
+        prefix_producer=prefix or "approx-prefix-cache-producer",
+        inflight=inflight,
+        rng=handle.rng(name),
+    )
+
+
+def _requires(params: PrefixAffinityParameters) -> tuple[str, ...]:
+    needed = [] if params.prefix_match_info_producer_name else ["approx-prefix-cache-producer"]
+    gated = params.max_ttft_penalty_ms > 0 and params.ttft_source == "prefillThroughput"
+    if gated and not params.in_flight_load_producer_name:
+        needed.append(INFLIGHT_TYPE)
+    return tuple(needed)
+
+
+SPEC = PluginSpec(
+    TYPE,
+    _factory,
+    PrefixAffinityParameters,
+    "only endpoints likely holding the prefix, unless TTFT suffers",
+    requires=_requires,
+)

@@ -1,0 +1,233 @@
+"""`inflight-load-producer`: requests and prompt tokens in flight on each endpoint, as this EPP sent them.
+
+As upstream's (llm-d/llm-d-router, pkg/epp/framework/plugins/requestcontrol/dataproducer/inflightload):
+- before scheduling it computes each candidate's *uncached* prompt tokens for this request: with the
+  prefix-match producer's data (`prefixMatchInfoProducerName`, default the config's
+  `approx-prefix-cache-producer`), (blocks − matched) × block size + the tokens past the matched
+  prefix's cap; without it, the whole prompt. Prompt tokens are upstream's estimate: the token ids
+  when the body has them, else ceil(bytes / 4). With `addEstimatedOutputTokens`, round(prompt ×
+  `outputRatio`) (default 1.5) capped by the request's max tokens and by `maxEstimatedOutputTokens`
+  is added;
+- in PreRequest it adds one request and those tokens to the first target of every profile run;
+- it releases them as the response goes: at the first chunk a `prefill` profile's share entirely and
+  the other profiles' tokens (without estimated output: the prompt is computed by then); the rest when
+  the response completes, however it ends.
+`concurrency-detector` and `prefix-cache-affinity-filter` read the live counts (`load(name)`).
+`syncCrossReplicaState` is accepted; epick has no cross-replica syncer (as upstream registers none).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pydantic import Field
+
+from epick.framework import (
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    NamedPlugin,
+    Reads,
+    Response,
+    SchedulingResult,
+)
+from epick.framework.datalayer import data_key
+from epick.framework.request import CHARS_PER_TOKEN
+from epick.plugins.prefix.scorer import PrefixMatch, resolve_producer
+from epick.plugins.registry import Handle, ParameterError, Parameters, PluginSpec
+
+TYPE = "inflight-load-producer"
+PREFILL_PROFILE = "prefill"
+UNCACHED_DATA_TYPE = "UncachedRequestTokensDataKey"
+
+
+@dataclass(frozen=True, slots=True)
+class InFlightLoad:
+    requests: int = 0
+    tokens: int = 0
+
+
+@dataclass(slots=True)
+class _Share:
+    """What one request added to one endpoint (for one profile)."""
+
+    endpoint: str
+    profile: str
+    tokens: int
+    request_counted: bool = True
+
+
+@dataclass(slots=True)
+class _Counts:
+    requests: int = 0
+    tokens: int = 0
+
+
+@dataclass(slots=True)
+class _Flight:
+    shares: list[_Share] = field(default_factory=list)
+    started: bool = False
+
+
+class InFlightParameters(Parameters):
+    add_estimated_output_tokens: bool = False
+    output_ratio: float = Field(default=1.5, ge=0)
+    max_estimated_output_tokens: int | None = Field(default=None, ge=0)
+    prefix_match_info_producer_name: str = ""
+    sync_cross_replica_state: bool = True
+
+
+def prompt_tokens(request: InferenceRequest) -> int:
+    """Upstream's estimate of the prompt's tokens: its ids, else ceil(UTF-8 bytes / 4)."""
+    ids = request.body.token_ids
+    if ids is not None:
+        return len(ids)
+    return math.ceil(request.body.prefix_bytes / CHARS_PER_TOKEN)
+
+
+class InFlightLoadProducer(NamedPlugin):
+    plugin_type = TYPE
+    reads = Reads.PROMPT_SIZE | Reads.TOKENS | Reads.BODY | Reads.HISTORY
+
+    def __init__(
+        self,
+        name: str | None = None,
+        params: InFlightParameters | None = None,
+        prefix_producer: str | None = None,
+    ) -> None:
+        super().__init__(name)
+        self.params = params or InFlightParameters()
+        self.prefix_key = (
+            data_key("PrefixCacheMatchInfoDataKey", prefix_producer) if prefix_producer else None
+        )
+        self.key = data_key(UNCACHED_DATA_TYPE, self.name)
+        self._counts: dict[str, _Counts] = {}
+        self._flights: dict[str, _Flight] = {}
+
+    # What consumers read.
+    def load(self, endpoint: str) -> InFlightLoad:
+        c = self._counts.get(endpoint)
+        return InFlightLoad(c.requests, c.tokens) if c is not None else InFlightLoad()
+
+    # Estimates.
+    def estimated_output(self, prompt: int, client_max: int | None) -> int:
+        if prompt <= 0:
+            return 0
+        est = round(prompt * self.params.output_ratio)
+        if client_max is not None and client_max >= 0:
+            est = min(est, client_max)
+        if self.params.max_estimated_output_tokens is not None:
+            est = min(est, self.params.max_estimated_output_tokens)
+        return est
+
+    def uncached_tokens(self, prompt: int, match: PrefixMatch | None, endpoint: str) -> int:
+        if match is None or match.block_bytes <= 0:
+            return max(0, prompt)
+        block = match.block_bytes // CHARS_PER_TOKEN
+        if block <= 0:
+            return max(0, prompt)
+        matched = match.matched.get(endpoint, 0)
+        return max(0, (match.total_blocks - matched) * block) + max(0, prompt - match.total_blocks * block)
+
+    def request_tokens(self, request: InferenceRequest, cycle_state: CycleState, endpoint: str) -> int:
+        prompt = prompt_tokens(request)
+        match = cycle_state.read(self.prefix_key, PrefixMatch) if self.prefix_key else None
+        tokens = self.uncached_tokens(prompt, match, endpoint)
+        if self.params.add_estimated_output_tokens:
+            tokens += self.estimated_output(prompt, request.body.max_tokens)
+        return tokens
+
+    # DataProducer: each candidate's uncached tokens for this request.
+    def produce(
+        self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> None:
+        cycle_state.write(
+            self.key, {ep.name: self.request_tokens(request, cycle_state, ep.name) for ep in endpoints}
+        )
+
+    # PreRequest: count the request on every profile's first target.
+    def pre_request(
+        self, request: InferenceRequest, result: SchedulingResult, cycle_state: CycleState
+    ) -> None:
+        if not request.request_id or request.request_id in self._flights:
+            return
+        flight = _Flight()
+        for profile, r in result.profile_results.items():
+            if r is None or not r.targets:
+                continue
+            name = r.targets[0].name
+            tokens = self.request_tokens(request, cycle_state, name)
+            counts = self._counts.setdefault(name, _Counts())
+            counts.requests += 1
+            counts.tokens += tokens
+            flight.shares.append(_Share(name, profile, tokens))
+        if flight.shares:
+            self._flights[request.request_id] = flight
+
+    def response_streaming(self, request: InferenceRequest, response: Response, endpoint: Endpoint) -> None:
+        flight = self._flights.get(request.request_id)
+        if flight is None or flight.started:
+            return
+        flight.started = True
+        for share in flight.shares:
+            if share.profile == PREFILL_PROFILE:
+                self._release(share, tokens=True, request=True)
+            elif not self.params.add_estimated_output_tokens:
+                self._release(share, tokens=True, request=False)
+
+    def response_complete(self, request: InferenceRequest, response: Response, endpoint: Endpoint) -> None:
+        flight = self._flights.pop(request.request_id, None)
+        if flight is None:
+            return
+        for share in flight.shares:
+            self._release(share, tokens=True, request=True)
+
+    def _release(self, share: _Share, *, tokens: bool, request: bool) -> None:
+        counts = self._counts.get(share.endpoint)
+        if counts is None:
+            return
+        if tokens and share.tokens:
+            counts.tokens = max(0, counts.tokens - share.tokens)
+            share.tokens = 0
+        if request and share.request_counted:
+            counts.requests = max(0, counts.requests - 1)
+            share.request_counted = False
+
+    def endpoint_removed(self, name: str) -> None:
+        self._counts.pop(name, None)
+
+
+def _factory(name: str, params: InFlightParameters, handle: Handle) -> InFlightLoadProducer:
+    producer = resolve_producer(handle, params.prefix_match_info_producer_name, "prefixMatchInfoProducerName")
+    return InFlightLoadProducer(name, params, producer)
+
+
+SPEC = PluginSpec(
+    TYPE, _factory, InFlightParameters, "requests and uncached prompt tokens in flight per endpoint"
+)
+
+
+def resolve_inflight(handle: Handle, producer_name: str, parameter: str) -> InFlightLoadProducer | None:
+    """The in-flight producer a consumer reads: the one named (an error if missing or of another type),
+    else the config's `inflight-load-producer` if it has one, else None."""
+    name = producer_name or TYPE
+    try:
+        plugin = handle.plugin(name)
+    except LookupError as e:
+        if not producer_name:
+            return None
+        hint = e.args[1] if len(e.args) > 1 else ""
+        raise ParameterError(
+            parameter, f"no in-flight load producer named {name!r} in this config", str(hint)
+        ) from None
+    if not isinstance(plugin, InFlightLoadProducer):
+        if not producer_name:
+            return None
+        raise ParameterError(
+            parameter,
+            f"plugin {name!r} ({plugin.typed_name.type}) does not produce in-flight load",
+            f"name a plugin of type {TYPE}",
+        )
+    return plugin

@@ -1,0 +1,223 @@
+"""`inflight-load-producer`, `concurrency-detector` and `prefix-cache-affinity-filter`, with values
+worked out by hand from upstream's rules (llm-d-router's inflightload, concurrency and
+prefixcacheaffinity packages)."""
+
+from __future__ import annotations
+
+import random
+import textwrap
+
+import pytest
+
+from epick.config import ConfigError, LoadedConfig, load_config_text
+from epick.framework import CycleState, ProfileRunResult, Response, SchedulingResult
+from epick.plugins.filters.prefix_affinity import PrefixAffinityParameters, PrefixCacheAffinityFilter
+from epick.plugins.load.concurrency import ConcurrencyDetector, ConcurrencyParameters
+from epick.plugins.load.inflight import InFlightLoadProducer, InFlightParameters, prompt_tokens
+from epick.plugins.prefix.producer import match_key
+from epick.plugins.prefix.scorer import PrefixMatch
+from tests.builders import make_endpoint, make_request
+
+HEADER = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
+BLOCK = 64  # tokens per block
+
+
+def load(body: str) -> LoadedConfig:
+    return load_config_text(HEADER + textwrap.dedent(body), seed=0)
+
+
+def with_match(match: PrefixMatch) -> CycleState:
+    state = CycleState()
+    state.write(match_key(), match)
+    return state
+
+
+def test_prompt_tokens_are_ids_or_ceil_bytes_over_four() -> None:
+    assert prompt_tokens(make_request("hello world")) == 3  # 11 bytes
+    assert prompt_tokens(make_request("x" * 1000)) == 250
+
+
+def test_uncached_tokens_discount_the_matched_prefix() -> None:
+    p = InFlightLoadProducer(prefix_producer="approx-prefix-cache-producer")
+    match = PrefixMatch(4, BLOCK * 4, {"A": 3})  # 4 blocks of 64 tokens; A holds 3
+    # A: (4 - 3) x 64 + max(0, 250 - 256) = 64; B: 4 x 64 = 256 (the partial block counts whole)
+    assert p.uncached_tokens(250, match, "A") == 64
+    assert p.uncached_tokens(250, match, "B") == 256
+    assert p.uncached_tokens(250, None, "A") == 250
+
+
+def test_estimated_output_is_capped_by_the_request_and_the_parameter() -> None:
+    p = InFlightLoadProducer(params=InFlightParameters(add_estimated_output_tokens=True))
+    assert p.estimated_output(250, None) == 375  # round(250 x 1.5)
+    assert p.estimated_output(250, 100) == 100
+    capped = InFlightLoadProducer(params=InFlightParameters(max_estimated_output_tokens=50))
+    assert capped.estimated_output(250, None) == 50
+    assert p.estimated_output(0, None) == 0
+
+
+def decided(*profiles: tuple[str, str]) -> SchedulingResult:
+    results = {name: ProfileRunResult((make_endpoint(target),)) for name, target in profiles}
+    return SchedulingResult(results, profiles[0][0])
+
+
+def test_counts_follow_the_request_and_release_as_the_response_goes() -> None:
+    p = InFlightLoadProducer(prefix_producer="approx-prefix-cache-producer")
+    request = make_request("x" * 1000, request_id="r1")  # 250 tokens
+    state = with_match(PrefixMatch(4, BLOCK * 4, {"D": 3}))
+    p.pre_request(request, decided(("decode", "D"), ("prefill", "P")), state)
+    assert (p.load("D").requests, p.load("D").tokens) == (1, 64)
+    assert (p.load("P").requests, p.load("P").tokens) == (1, 256)
+    # First chunk: prefill released whole, decode's tokens released, its request still counted.
+    p.response_streaming(request, Response("r1"), make_endpoint("D"))
+    assert (p.load("P").requests, p.load("P").tokens) == (0, 0)
+    assert (p.load("D").requests, p.load("D").tokens) == (1, 0)
+    p.response_complete(request, Response("r1"), make_endpoint("D"))
+    assert (p.load("D").requests, p.load("D").tokens) == (0, 0)
+    p.response_complete(request, Response("r1"), make_endpoint("D"))  # twice: nothing below 0
+    assert p.load("D").requests == 0
+
+
+def test_with_estimated_output_decode_tokens_stay_until_the_end() -> None:
+    p = InFlightLoadProducer(params=InFlightParameters(add_estimated_output_tokens=True))
+    request = make_request("x" * 1000, request_id="r2", max_tokens=100)
+    p.pre_request(request, decided(("decode", "D")), CycleState())
+    assert p.load("D").tokens == 350  # 250 prompt + min(375, 100)
+    p.response_streaming(request, Response("r2"), make_endpoint("D"))
+    assert p.load("D").tokens == 350
+    p.response_complete(request, Response("r2"), make_endpoint("D"))
+    assert p.load("D").tokens == 0
+
+
+def loaded(requests: dict[str, int], tokens: dict[str, int] | None = None) -> InFlightLoadProducer:
+    p = InFlightLoadProducer()
+    for name, n in requests.items():
+        for i in range(n):
+            request = make_request(
+                "x" * (4 * (tokens or {}).get(name, 0) // max(n, 1)), request_id=f"{name}{i}"
+            )
+            p.pre_request(request, decided(("decode", name)), CycleState())
+    return p
+
+
+def test_concurrency_saturation_and_filter_in_requests_mode() -> None:
+    producer = loaded({"a": 50, "b": 110})
+    d = ConcurrencyDetector(params=ConcurrencyParameters(headroom=0.2), producer=producer)
+    eps = [make_endpoint("a"), make_endpoint("b")]
+    assert d.pool_saturation(eps) == pytest.approx(160 / 200)
+    assert [ep.name for ep in d.filter(make_request(), CycleState(), eps)] == ["a", "b"]  # limit 120
+    at_limit = ConcurrencyDetector(params=ConcurrencyParameters(headroom=0.2), producer=loaded({"c": 120}))
+    assert at_limit.filter(make_request(), CycleState(), [make_endpoint("c")]) == []
+    assert d.pool_saturation([]) == 1.0
+
+
+def test_concurrency_hybrid_mode_takes_the_larger_share_per_endpoint() -> None:
+    producer = loaded({"e1": 50, "e2": 10}, tokens={"e1": 900})
+    d = ConcurrencyDetector(
+        params=ConcurrencyParameters(concurrency_mode="hybrid", max_token_concurrency=1000), producer=producer
+    )
+    # e1: max(50/100, 900/1000) = 0.9; e2: max(0.1, 0) = 0.1 -> 0.5
+    assert d.pool_saturation([make_endpoint("e1"), make_endpoint("e2")]) == pytest.approx(0.5)
+
+
+def test_concurrency_detector_adds_the_producer_it_reads_and_can_be_the_saturation_detector() -> None:
+    config = load(
+        """\
+        plugins:
+        - type: concurrency-detector
+          parameters: {maxConcurrency: 2}
+        - type: queue-scorer
+        saturationDetector: {pluginRef: concurrency-detector}
+        """
+    )
+    assert isinstance(config.plugins["inflight-load-producer"], InFlightLoadProducer)
+    detector = config.saturation_detector
+    assert (
+        isinstance(detector, ConcurrencyDetector)
+        and detector.producer is config.plugins["inflight-load-producer"]
+    )
+    assert any("'inflight-load-producer' added with default parameters" in w for w in config.warnings)
+
+
+@pytest.mark.parametrize(
+    ("params", "path"),
+    [
+        ({"concurrencyMode": "bytes"}, "concurrencyMode"),
+        ({"maxConcurrency": 0}, "maxConcurrency"),
+        ({"maxTokenConcurrency": -1}, "maxTokenConcurrency"),
+        ({"headroom": -0.1}, "headroom"),
+        ({"inFlightLoadProducerName": "nope"}, "inFlightLoadProducerName"),
+    ],
+)
+def test_concurrency_bad_parameters(params: dict[str, object], path: str) -> None:
+    text = HEADER + f"plugins:\n- type: concurrency-detector\n  parameters: {params!r}\n".replace("'", '"')
+    with pytest.raises(ConfigError) as info:
+        load_config_text(text)
+    assert info.value.issues[0].path == f"plugins[0].parameters.{path}"
+
+
+def affinity(inflight: InFlightLoadProducer | None = None, **params: object) -> PrefixCacheAffinityFilter:
+    return PrefixCacheAffinityFilter(
+        params=PrefixAffinityParameters.model_validate(params),
+        prefix_producer="approx-prefix-cache-producer",
+        inflight=inflight,
+        rng=random.Random(0),
+    )
+
+
+def test_affinity_keeps_the_sticky_endpoints() -> None:
+    eps = [make_endpoint("A"), make_endpoint("B")]
+    state = with_match(PrefixMatch(5, BLOCK * 4, {"A": 4}))  # A: 0.8 (sticky), B: 0
+    assert [ep.name for ep in affinity().filter(make_request(), state, eps)] == ["A"]
+    assert [ep.name for ep in affinity(affinityThreshold=0.9).filter(make_request(), state, eps)] == [
+        "A",
+        "B",
+    ]
+    assert affinity(affinityThreshold=0).filter(make_request(), state, eps) == eps
+    assert affinity().filter(make_request(), CycleState(), eps) == eps  # no match data
+
+
+def test_affinity_load_gate_breaks_stickiness_past_the_ttft_penalty() -> None:
+    eps = [make_endpoint("A"), make_endpoint("B")]
+    state = with_match(PrefixMatch(5, BLOCK * 4, {"A": 4}))
+    # 300000 tokens in flight on A: 300000 / 15928 x 1000 = 18834.8 ms > 18000 -> both
+    heavy = loaded({"A": 1}, tokens={"A": 300_000})
+    assert heavy.load("A").tokens == 300_000
+    assert affinity(heavy).filter(make_request(), state, eps) == eps
+    # 200000 tokens: 12556.5 ms <= 18000 -> A only
+    light = loaded({"A": 1}, tokens={"A": 200_000})
+    assert [ep.name for ep in affinity(light).filter(make_request(), state, eps)] == ["A"]
+
+
+def test_affinity_exploration_lets_everyone_through() -> None:
+    eps = [make_endpoint("A"), make_endpoint("B")]
+    state = with_match(PrefixMatch(5, BLOCK * 4, {"A": 5}))
+    f = affinity(explorationProbability=1.0)
+    assert f.filter(make_request(), state, eps) == eps
+
+
+@pytest.mark.parametrize(
+    ("params", "path", "message"),
+    [
+        ({"affinityThreshold": 1.5}, "affinityThreshold", ""),
+        ({"explorationProbability": 2}, "explorationProbability", ""),
+        ({"ttftSource": ""}, "ttftSource", "not empty"),
+        ({"ttftSource": "latencyPredictor"}, "ttftSource", "predicted-latency-producer"),
+        ({"peakPrefillThroughput": 0}, "", "peakPrefillThroughput must be > 0"),
+    ],
+)
+def test_affinity_bad_parameters(params: dict[str, object], path: str, message: str) -> None:
+    text = HEADER + f"plugins:\n- type: prefix-cache-affinity-filter\n  parameters: {params!r}\n".replace(
+        "'", '"'
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config_text(text)
+    issue = info.value.issues[0]
+    assert issue.path == "plugins[0].parameters" + (f".{path}" if path else "")
+    assert message in issue.message
+
+
+def test_affinity_filter_adds_both_producers_it_reads() -> None:
+    config = load("plugins:\n- type: prefix-cache-affinity-filter\n- type: prefix-cache-scorer\n")
+    assert {"approx-prefix-cache-producer", "inflight-load-producer"} <= set(config.plugins)
+    f = config.plugins["prefix-cache-affinity-filter"]
+    assert isinstance(f, PrefixCacheAffinityFilter) and f.inflight is config.plugins["inflight-load-producer"]
