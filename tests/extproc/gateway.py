@@ -13,7 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +24,7 @@ import aiohttp
 import pytest
 
 from epick.cli.serve import ServeOptions, Service
+from epick.config import LoadedConfig
 from epick.datalayer.datastore import EndpointSpec
 from epick.extproc.exchange import Exchange
 from epick.extproc.server import ExtProcOptions
@@ -176,13 +177,26 @@ class MessageLog:
 
 @asynccontextmanager
 async def running_gateway(
-    tmp: Path, modes: Modes, servers: int = 3, max_body_bytes: int | None = None
+    tmp: Path,
+    modes: Modes,
+    servers: int = 3,
+    max_body_bytes: int | None = None,
+    *,
+    backends: Sequence[tuple[str, int]] = (),
+    config: LoadedConfig | None = None,
 ) -> AsyncIterator[Gateway]:
+    """Envoy, epick's ext_proc server and `servers` simulated servers, or the model servers at
+    `backends` (host, port) instead; epick runs `config` (default: the built-in one)."""
     engine = ServerOptions.engine_config(num_gpu_blocks=4000)
-    sims = [SimServer(ServerOptions(port=0, time_scale=100, engine=engine), i) for i in range(servers)]
+    sims = (
+        []
+        if backends
+        else [SimServer(ServerOptions(port=0, time_scale=100, engine=engine), i) for i in range(servers)]
+    )
     for s in sims:
         await s.start()
-    specs = tuple(EndpointSpec(f"sim-{i}", "127.0.0.1", s.port, {}) for i, s in enumerate(sims))
+    where = backends or [("127.0.0.1", s.port) for s in sims]
+    specs = tuple(EndpointSpec(f"sim-{i}", host, port, {}) for i, (host, port) in enumerate(where))
     options = ServeOptions(
         endpoints=specs,
         proxy=None,
@@ -192,7 +206,7 @@ async def running_gateway(
         seed=3,
         max_body_bytes=max_body_bytes,
     )
-    service = Service(options)
+    service = Service(options, config)
     await service.start()
     gw = Gateway(service, sims, tmp, modes)
     try:
