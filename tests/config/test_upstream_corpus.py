@@ -11,12 +11,14 @@ origin: when a type lands, its files leave the list.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 
 from epick.cli.explain import explain
+from epick.cli.main import main
 from epick.config import ConfigError, load_config_file
 from epick.framework import ChatMessage, Endpoint, InferenceRequest, Metrics, RequestBody
 from tests.builders import make_endpoint
@@ -163,3 +165,23 @@ def test_pending_lists_only_corpus_files() -> None:
     names = {f"{p.parent.name}/{p.name}" for p in FILES}
     assert set(PENDING) <= names
     assert len(FILES) >= 100
+
+
+LOADABLE = [p for p in FILES if f"{p.parent.name}/{p.name}" not in PENDING]
+POOL = Path(__file__).parent / "corpus"
+
+
+@pytest.mark.parametrize("path", LOADABLE, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_epick_check_config_and_explain_accept_the_upstream_config(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["check-config", str(path)]) == 0
+    assert capsys.readouterr().out.startswith(f"{path}: ok")
+    args = ["explain", "--config", str(path), "--endpoints", str(POOL / "endpoints.json"), "--json"]
+    if load_config_file(path, seed=0).parsers.resolve("/v1/chat/completions") is None:
+        args += ["--request", str(POOL / "generate.json"), "--path", "/inference/v1/generate"]  # vLLM's
+    else:
+        args += ["--request", str(POOL / "request.json")]
+    assert main(args) == 0
+    decision = json.loads(capsys.readouterr().out)
+    assert decision["targets"] and decision["error"] is None
