@@ -221,6 +221,7 @@ class FakeApiServer:
         ready: bool = True,
         *,
         namespace: str = "default",
+        host_ip: str | None = None,
     ) -> Json:
         key = (PODS, namespace, name)
         if key in self._objects:
@@ -241,6 +242,8 @@ class FakeApiServer:
         if ip:
             pod["status"]["podIP"] = ip
             pod["status"]["podIPs"] = [{"ip": ip}]
+        if host_ip:
+            pod["status"]["hostIP"] = host_ip
         pod["status"]["conditions"] = self._conditions(ready)
         return self._put(PODS, namespace, name, pod)
 

@@ -92,6 +92,18 @@ def free_port() -> int:
 # label selectors
 
 
+async def test_a_pod_endpoint_carries_its_pod_name_and_node_address(
+    fake: FakeApiServer, make: Make, ds: Datastore
+) -> None:
+    # What dcgm-data-source (useNodeAddress) and dcgm-extractor (the pod label filter) read.
+    fake.add_pod("a", VLLM, "10.0.0.1", host_ip="192.168.1.7")
+    await make(selector="app=vllm")
+    (spec,) = ds.specs()
+    assert (spec.pod_name, spec.node_address) == ("a", "192.168.1.7")
+    endpoint = ds.get("a")
+    assert endpoint is not None and (endpoint.pod_name, endpoint.node_address) == ("a", "192.168.1.7")
+
+
 async def test_selector_lists_only_ready_pods_with_an_ip_not_being_deleted(
     fake: FakeApiServer, make: Make, ds: Datastore
 ) -> None:
