@@ -227,6 +227,7 @@ def test_the_parser_types() -> None:
         "anthropic-parser",
         "vllmhttp-parser",
         "sglanghttp-parser",
+        "vertexai-parser",
         "passthrough-parser",
     }
     for parser in (

@@ -51,6 +51,7 @@ from epick.plugins.filters.prefix_affinity import PrefixCacheAffinityFilter
 from epick.plugins.filters.role import DecodeFilter, EncodeFilter, PrefillFilter
 from epick.plugins.filters.topology_affinity import TopologyAffinityFilter
 from epick.plugins.filters.utilization import UtilizationDetector, UtilizationParameters
+from epick.plugins.filters.utilization_filter import UtilizationFilter, UtilizationFilterParameters
 from epick.plugins.load.concurrency import ConcurrencyDetector, ConcurrencyParameters
 from epick.plugins.pickers.max_score import MaxScorePicker
 from epick.plugins.pickers.random_picker import RandomPicker
@@ -70,6 +71,7 @@ from epick.plugins.scorers.running_requests import RunningRequestsSizeScorer
 from epick.plugins.scorers.session_affinity import SESSION_HEADER, SessionAffinityScorer, session_token
 from epick.plugins.scorers.token_load import TokenLoadScorer
 from epick.plugins.scorers.topology_affinity import TopologyAffinityScorer
+from epick.plugins.session.filter import SessionAffinityFilter
 from tests.builders import make_endpoint, make_profile, make_request, make_scheduler
 
 PROPERTY = settings(deadline=None, max_examples=100, derandomize=True, database=None)
@@ -199,6 +201,8 @@ REQUIRED_PARAMETERS = {
     },
     "endpoint-attribute-scorer": {"attributeKey": "a", "algorithm": {"type": "linear_lower_is_better"}},
     "header-label-affinity-scorer": {"headerName": "x-h", "labelKey": "k"},
+    "utilization-filter": {"conditions": [{"metric": "waiting-queue", "maxValue": 3}]},
+    "session-id-producer": {"headerName": "x-session-id"},
     "request-attribute-reporter": {
         "attributes": [{"key": {"name": "x-cost"}, "expression": "usage.completion_tokens"}]
     },
@@ -335,6 +339,13 @@ def some_filters(selector: LabelSelectorParameters, params: UtilizationParameter
         PrefillFilter(),
         EncodeFilter(),
         TopologyAffinityFilter(),
+        UtilizationFilter(
+            None,
+            UtilizationFilterParameters.model_validate(
+                {"conditions": [{"metric": "waiting-queue", "maxValue": 3}], "fallbackOnEmpty": True}
+            ),
+        ),
+        SessionAffinityFilter(),
         ConcurrencyDetector(params=ConcurrencyParameters(max_concurrency=1)),
         PrefixCacheAffinityFilter(prefix_producer="approx-prefix-cache-producer"),
         EndpointAttributeFilter(

@@ -10,11 +10,19 @@ from epick.plugins.datalayer import (
     notifications,
     topology,
 )
-from epick.plugins.filters import by_label, classic, label_selector, prefix_affinity, role, utilization
+from epick.plugins.filters import (
+    by_label,
+    classic,
+    label_selector,
+    prefix_affinity,
+    role,
+    utilization,
+    utilization_filter,
+)
 from epick.plugins.filters import endpoint_attribute as endpoint_attribute_filter
 from epick.plugins.filters import topology_affinity as topology_affinity_filter
 from epick.plugins.load import concurrency, inflight
-from epick.plugins.parsers import anthropic, openai, passthrough, sglanghttp, vllmhttp
+from epick.plugins.parsers import anthropic, openai, passthrough, sglanghttp, vertexai, vllmhttp
 from epick.plugins.pickers import max_score, random_picker, round_robin, weighted_random
 from epick.plugins.prefix import producer as prefix_producer
 from epick.plugins.prefix import scorer as prefix_scorer
@@ -37,6 +45,8 @@ from epick.plugins.scorers import (
 )
 from epick.plugins.scorers import endpoint_attribute as endpoint_attribute_scorer
 from epick.plugins.scorers import topology_affinity as topology_affinity_scorer
+from epick.plugins.session import filter as session_filter
+from epick.plugins.session import producer as session_producer
 
 
 def in_tree_plugins() -> list[PluginSpec]:
@@ -76,6 +86,7 @@ def in_tree_plugins() -> list[PluginSpec]:
         anthropic.SPEC,
         vllmhttp.SPEC,
         sglanghttp.SPEC,
+        vertexai.SPEC,
         passthrough.SPEC,
         metrics_source.SPEC,
         core_metrics.SPEC,
@@ -100,6 +111,9 @@ def in_tree_plugins() -> list[PluginSpec]:
         inflight.SPEC,
         concurrency.SPEC,
         prefix_affinity.SPEC,
+        utilization_filter.SPEC,
+        session_producer.SPEC,
+        session_filter.SPEC,
     ]
 
 

@@ -1,10 +1,11 @@
 """Request parsers (`openai-parser`, `anthropic-parser`, `vllmhttp-parser`, `sglanghttp-parser`,
-`passthrough-parser`): each claims the paths of one API and reads its bodies and usage."""
+`vertexai-parser`, `passthrough-parser`): each claims the paths of one API and reads its bodies and usage."""
 
 PARSER_TYPES = (
     "openai-parser",
     "anthropic-parser",
     "vllmhttp-parser",
     "sglanghttp-parser",
+    "vertexai-parser",
     "passthrough-parser",
 )
