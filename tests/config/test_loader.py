@@ -11,7 +11,7 @@ import pytest
 from epick.config import LoadedConfig, load_config_file, load_config_text, load_default_config
 from epick.config.defaults import DEFAULT_CONFIG_YAML
 from epick.config.schema import API_VERSIONS
-from epick.framework import CycleState, Filter, Picker, PreRequest, ResponseComplete, ResponseReceived, Scorer
+from epick.framework import CycleState, Filter, Picker, ResponseReceived, Scorer
 from epick.plugins import in_tree_registry
 from epick.plugins.filters.utilization import UtilizationDetector
 from epick.plugins.pickers.max_score import MaxScorePicker
@@ -406,24 +406,21 @@ def test_in_tree_plugin_with_several_extension_points() -> None:
     config = load(
         """\
         plugins:
-        - type: active-request-scorer
-          parameters: {requestTimeout: 30s}
+        - type: session-affinity-scorer
         schedulingProfiles:
         - name: default
           plugins:
-          - pluginRef: active-request-scorer
+          - pluginRef: session-affinity-scorer
             weight: 4
         """
     )
-    scorer = config.plugins["active-request-scorer"]
+    scorer = config.plugins["session-affinity-scorer"]
     assert isinstance(scorer, Scorer)
-    assert isinstance(scorer, PreRequest)
-    assert isinstance(scorer, ResponseComplete)
+    assert isinstance(scorer, ResponseReceived)
     assert config.scheduler.profiles["default"].scorers[0].scorer is scorer
     assert config.scheduler.profiles["default"].scorers[0].weight == 4.0
-    assert config.hooks.pre_request == [scorer]
-    assert config.hooks.response_complete == [scorer]
-    assert config.hooks.response_received == []
+    assert config.hooks.response_received == [scorer]
+    assert config.hooks.pre_request == []
 
 
 def _fake_registry() -> Any:
@@ -476,10 +473,13 @@ def test_hooks_collect_request_control_plugins_in_definition_order() -> None:
     )
     p = config.plugins
     hooks = config.hooks
-    assert hooks.pre_request == [p["prefix-cache-scorer"], p["active-request-scorer"], p["token-load-scorer"]]
+    # The load scorers read the in-flight producer (added with defaults), which keeps the counts.
+    inflight = p["inflight-load-producer"]
+    assert hooks.pre_request == [p["prefix-cache-scorer"], inflight]
     assert hooks.response_received == [p["session-affinity-scorer"]]
-    assert hooks.response_streaming == []
-    assert hooks.response_complete == [p["active-request-scorer"], p["token-load-scorer"]]
+    assert hooks.response_streaming == [inflight]
+    assert hooks.response_complete == [inflight]
+    assert hooks.producers == [inflight]
     assert isinstance(p["session-affinity-scorer"], ResponseReceived)
 
 

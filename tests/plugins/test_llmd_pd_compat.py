@@ -197,6 +197,7 @@ apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
 - type: decode-filter
+- type: prefix-based-pd-decider
 - type: pd-profile-handler
 schedulingProfiles:
 - name: decode
@@ -214,3 +215,20 @@ schedulingProfiles:
             ),
             seed=1,
         )
+
+
+def test_a_pd_handler_without_a_decider_or_threshold_needs_the_default_decider() -> None:
+    """Upstream today: with neither deciderPluginName nor the old threshold form, the decider is the
+    plugin named prefix-based-pd-decider, and a config without one does not load."""
+    text = (
+        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n- type: pd-profile-handler\n"
+        "- type: decode-filter\nschedulingProfiles:\n- name: decode\n"
+        "  plugins:\n  - pluginRef: decode-filter\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config_text(text)
+    (issue,) = info.value.issues
+    assert issue.path == "plugins[0].parameters.deciderPluginName"
+    assert (
+        "there is no plugin named 'prefix-based-pd-decider' (the default deciderPluginName)" in issue.message
+    )

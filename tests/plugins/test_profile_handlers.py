@@ -234,9 +234,9 @@ def cycle_with_match(
 @pytest.mark.parametrize(
     ("threshold", "prompt_chars", "matched_on_d", "expected"),
     [
-        # nonCachedTokens 0: always, whatever the prompt or cache
-        (0, 0, 0, True),
-        (0, 640, 10, True),
+        # nonCachedTokens 0 turns prefix-based P/D off (upstream since llm-d v0.7)
+        (0, 0, 0, False),
+        (0, 640, 0, False),
         # prompt 396 // 4 = 99 < 100: no, even with nothing cached
         (100, 396, 0, False),
         # prompt 400 // 4 = 100 >= 100, cached 0: 100 - 0 >= 100 -> yes

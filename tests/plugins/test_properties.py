@@ -53,6 +53,7 @@ from epick.plugins.filters.topology_affinity import TopologyAffinityFilter
 from epick.plugins.filters.utilization import UtilizationDetector, UtilizationParameters
 from epick.plugins.filters.utilization_filter import UtilizationFilter, UtilizationFilterParameters
 from epick.plugins.load.concurrency import ConcurrencyDetector, ConcurrencyParameters
+from epick.plugins.load.inflight import InFlightLoadProducer
 from epick.plugins.pickers.max_score import MaxScorePicker
 from epick.plugins.pickers.random_picker import RandomPicker
 from epick.plugins.pickers.round_robin import RoundRobinPicker
@@ -158,8 +159,10 @@ def requests(draw: st.DrawFn) -> InferenceRequest:
     return make_request(text, model=model, headers=headers, **body)
 
 
-def every_scorer(clock: FakeClock) -> list[Any]:
-    """One of each in-tree scorer, small thresholds so that the interesting ranges are reached."""
+def every_scorer(clock: FakeClock, inflight: InFlightLoadProducer | None = None) -> list[Any]:
+    """One of each in-tree scorer, small thresholds so that the interesting ranges are reached; the
+    load scorers read `inflight`."""
+    inflight = inflight or InFlightLoadProducer()
     return [
         QueueScorer(),
         RunningRequestsSizeScorer(),
@@ -168,9 +171,9 @@ def every_scorer(clock: FakeClock) -> list[Any]:
         PrefixCacheScorer(block_size_tokens=1, lru_capacity_per_server=20),
         NoHitLruScorer(lru_size=3),  # after the prefix scorer, whose match it reads
         LoadAwareScorer(threshold=16),
-        ActiveRequestScorer(request_timeout=5.0, clock=clock),
+        ActiveRequestScorer(inflight=inflight),
         SessionAffinityScorer(),
-        TokenLoadScorer(queue_threshold_tokens=64, request_timeout=5.0, clock=clock),
+        TokenLoadScorer(inflight=inflight, queue_threshold_tokens=64),
         TopologyAffinityScorer(),
         EndpointAttributeScorer(None, "GPUUtilization/dcgm-extractor", lower_is_better=True),
         EndpointAttributeScorer(
@@ -203,6 +206,7 @@ REQUIRED_PARAMETERS = {
     "header-label-affinity-scorer": {"headerName": "x-h", "labelKey": "k"},
     "utilization-filter": {"conditions": [{"metric": "waiting-queue", "maxValue": 3}]},
     "session-id-producer": {"headerName": "x-session-id"},
+    "pd-profile-handler": {"threshold": 0},
     "request-attribute-reporter": {
         "attributes": [{"key": {"name": "x-cost"}, "expression": "usage.completion_tokens"}]
     },
@@ -248,9 +252,12 @@ def test_scores_are_in_unit_interval_for_valid_metrics(
     steps: list[tuple[InferenceRequest, list[Endpoint], int, float, bool]],
 ) -> None:
     clock = FakeClock()
-    scorers = every_scorer(clock)
+    inflight = InFlightLoadProducer()
+    scorers = every_scorer(clock, inflight)
+    hooks = [inflight, *scorers]  # the producer counts what the load scorers read
     for request, endpoints, choice, advance, complete in steps:
         cycle_state = CycleState()
+        inflight.produce(request, cycle_state, endpoints)
         for scorer in scorers:
             scores = scorer.score(request, cycle_state, endpoints)
             assert len(scores) == len(endpoints), scorer
@@ -258,11 +265,11 @@ def test_scores_are_in_unit_interval_for_valid_metrics(
         # act on a choice so the stateful scorers (prefix, active requests, token load) move on
         target = endpoints[choice % len(endpoints)]
         result = SchedulingResult({"default": ProfileRunResult((target,))}, "default")
-        for scorer in scorers:
-            if isinstance(scorer, PreRequest):
-                scorer.pre_request(request, result, CycleState())
-            if complete and isinstance(scorer, ResponseComplete):
-                scorer.response_complete(request, Response(request.request_id), target)
+        for hook in hooks:
+            if isinstance(hook, PreRequest):
+                hook.pre_request(request, result, cycle_state)
+            if complete and isinstance(hook, ResponseComplete):
+                hook.response_complete(request, Response(request.request_id), target)
         clock.now += advance
 
 

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import pytest
 from pydantic import ValidationError
 
+from epick.config import LoadedConfig, load_config_text
 from epick.framework import (
     CycleState,
     Endpoint,
@@ -19,14 +20,15 @@ from epick.framework import (
     SchedulingResult,
     depends_on_metrics_alone,
 )
-from epick.plugins.scorers.active_request import ActiveRequestParameters, ActiveRequestScorer
+from epick.plugins.load.inflight import InFlightLoadProducer
+from epick.plugins.scorers.active_request import ActiveRequestScorer
 from epick.plugins.scorers.kv_cache import KVCacheUtilizationScorer
 from epick.plugins.scorers.load_aware import LoadAwareParameters, LoadAwareScorer
 from epick.plugins.scorers.lora_affinity import LoraAffinityScorer
 from epick.plugins.scorers.queue import QueueScorer
 from epick.plugins.scorers.running_requests import RunningRequestsSizeScorer
 from epick.plugins.scorers.session_affinity import SESSION_HEADER, SessionAffinityScorer, session_token
-from epick.plugins.scorers.token_load import TokenLoadParameters, TokenLoadScorer
+from epick.plugins.scorers.token_load import TokenLoadScorer
 from tests.builders import make_endpoint, make_profile, make_request, make_scheduler
 
 
@@ -207,181 +209,86 @@ def test_load_aware_threshold_must_be_positive(bad: int) -> None:
 # --- active-request-scorer --------------------------------------------------------------------
 
 
+def load(body: str) -> LoadedConfig:
+    return load_config_text("apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n" + body)
+
+
+def inflight_with(requests: dict[str, int], tokens: dict[str, int] | None = None) -> InFlightLoadProducer:
+    """An in-flight producer holding `requests[name]` requests (and `tokens[name]` tokens) per endpoint."""
+    producer = InFlightLoadProducer()
+    for name, n in requests.items():
+        for i in range(n):
+            prompt = "x" * (4 * (tokens or {}).get(name, 0) // n)
+            result = SchedulingResult({"default": ProfileRunResult((make_endpoint(name),))}, "default")
+            producer.pre_request(make_request(prompt, request_id=f"{name}-{i}"), result, CycleState())
+    return producer
+
+
 def test_active_request_scores_one_when_nothing_is_in_flight() -> None:
-    assert score(ActiveRequestScorer(), eps("a", "b")) == [1.0, 1.0]
+    assert score(ActiveRequestScorer(inflight=InFlightLoadProducer()), eps("a", "b")) == [1.0, 1.0]
+    assert score(ActiveRequestScorer(), eps("a", "b")) == [1.0, 1.0]  # no producer: nothing counted
 
 
-def test_active_request_counts_and_scores_relative_to_the_busiest() -> None:
-    a, b, c = eps("a", "b", "c")
-    scorer = ActiveRequestScorer(clock=FakeClock())
-    for rid, target in [("r1", a), ("r2", a), ("r3", b)]:
-        scorer.pre_request(make_request(request_id=rid), result_of(("default", [target])), CycleState())
-    # counts a=2, b=1, c=0; max 2: a (2-2)/2 = 0, b (2-1)/2 = 0.5, c (2-0)/2 = 1
-    assert score(scorer, [a, b, c]) == [0.0, 0.5, 1.0]
+def test_active_request_scores_relative_to_the_busiest_candidate() -> None:
+    # Upstream today: max over the candidates, not every tracked endpoint. A=1, B=2 candidates, C=4.
+    scorer = ActiveRequestScorer(inflight=inflight_with({"a": 1, "b": 2, "c": 4}))
+    assert score(scorer, eps("a", "b")) == [0.5, 0.0]
+    assert score(scorer, eps("a", "b", "c")) == [0.75, 0.5, 0.0]
+    assert score(scorer, eps("a", "d")) == [0.0, 1.0]
 
 
-def test_active_request_max_is_over_every_tracked_endpoint_not_just_candidates() -> None:
-    a, b, c = eps("a", "b", "c")
-    scorer = ActiveRequestScorer(clock=FakeClock())
-    for rid, target in [("r1", a), ("r2", a), ("r3", a), ("r4", a), ("r5", b)]:
-        scorer.pre_request(make_request(request_id=rid), result_of(("default", [target])), CycleState())
-    # counts a=4, b=1; a is not a candidate, the max is still 4: b (4-1)/4 = 0.75, c (4-0)/4 = 1
-    assert score(scorer, [b, c]) == [0.75, 1.0]
-
-
-def test_active_request_counts_the_first_target_of_every_profile_result() -> None:
-    d1, d2, p1, p2 = eps("d1", "d2", "p1", "p2")
-    scorer = ActiveRequestScorer(clock=FakeClock())
-    pd = result_of(("decode", [d1, d2]), ("prefill", [p1, p2]))
-    scorer.pre_request(make_request(request_id="r1"), pd, CycleState())
-    # d1 and p1 count 1 each; the fallbacks d2, p2 do not: max 1 -> d1 0, p1 0, d2 1, p2 1
-    assert score(scorer, [d1, d2, p1, p2]) == [0.0, 1.0, 0.0, 1.0]
-
-
-def test_active_request_ignores_a_failed_profile_result() -> None:
-    a, b = eps("a", "b")
-    scorer = ActiveRequestScorer(clock=FakeClock())
-    result = SchedulingResult({"decode": ProfileRunResult((a,)), "prefill": None}, "decode")
-    scorer.pre_request(make_request(request_id="r1"), result, CycleState())
-    assert score(scorer, [a, b]) == [0.0, 1.0]
-
-
-def test_active_request_response_complete_decrements() -> None:
-    a, b = eps("a", "b")
-    scorer = ActiveRequestScorer(clock=FakeClock())
-    r1, r2, r3 = (make_request(request_id=f"r{i}") for i in (1, 2, 3))
-    scorer.pre_request(r1, result_of(("default", [a])), CycleState())
-    scorer.pre_request(r2, result_of(("default", [a])), CycleState())
-    scorer.pre_request(r3, result_of(("default", [b])), CycleState())
-    # a=2, b=1 -> a 0, b (2-1)/2 = 0.5
-    assert score(scorer, [a, b]) == [0.0, 0.5]
-    scorer.response_complete(r1, Response("r1"), a)
-    # a=1, b=1 -> both (1-1)/1 = 0
-    assert score(scorer, [a, b]) == [0.0, 0.0]
-    scorer.response_complete(r1, Response("r1"), a)  # a second completion of r1 changes nothing
-    assert score(scorer, [a, b]) == [0.0, 0.0]
-    scorer.response_complete(r3, Response("r3"), b)
-    # a=1 -> a 0, b 1
-    assert score(scorer, [a, b]) == [0.0, 1.0]
-    scorer.response_complete(r2, Response("r2"), a)
-    assert score(scorer, [a, b]) == [1.0, 1.0]
-
-
-def test_active_request_same_request_twice_counts_once() -> None:
-    a, b = eps("a", "b")
-    scorer = ActiveRequestScorer(clock=FakeClock())
-    scorer.pre_request(make_request(request_id="r1"), result_of(("default", [a])), CycleState())
-    scorer.pre_request(make_request(request_id="r1"), result_of(("default", [b])), CycleState())
-    # r1 moved to b: a=0, b=1
-    assert score(scorer, [a, b]) == [1.0, 0.0]
-    assert scorer.in_flight.counts == {"b": 1.0}
-
-
-def test_active_request_entries_expire_after_the_timeout() -> None:
-    a, b = eps("a", "b")
-    clock = FakeClock(100.0)
-    scorer = ActiveRequestScorer(request_timeout=10.0, clock=clock)
-    scorer.pre_request(
-        make_request(request_id="r1"), result_of(("default", [a])), CycleState()
-    )  # expires at 110
-    clock.now = 105.0
-    scorer.pre_request(
-        make_request(request_id="r2"), result_of(("default", [b])), CycleState()
-    )  # expires at 115
-    scorer.pre_request(make_request(request_id="r3"), result_of(("default", [b])), CycleState())
-    clock.now = 109.999
-    # a=1, b=2: a (2-1)/2 = 0.5, b 0
-    assert score(scorer, [a, b]) == [0.5, 0.0]
-    clock.now = 110.0
-    # r1 expired (deadline <= now): a=0, b=2
-    assert score(scorer, [a, b]) == [1.0, 0.0]
-    clock.now = 115.0
-    assert score(scorer, [a, b]) == [1.0, 1.0]
-    assert scorer.in_flight.counts == {}
-
-
-def test_active_request_timeout_parameter() -> None:
-    assert ActiveRequestParameters().request_timeout == 120.0
-    assert ActiveRequestParameters.model_validate({"requestTimeout": "2m30s"}).request_timeout == 150.0
-    assert ActiveRequestParameters.model_validate({"requestTimeout": "500ms"}).request_timeout == 0.5
-
-
-# --- token-load-scorer ------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("body", "tokens"),
-    [
-        # 400 chars // 4 = 100 prompt tokens + max_tokens 50 = 150
-        ({"prompt": "x" * 400, "max_tokens": 50}, 150),
-        # 7 // 4 = 1, no max_tokens
-        ({"prompt": "x" * 7}, 1),
-        # max_completion_tokens wins over max_tokens: 40 // 4 + 30 = 40
-        ({"prompt": "y" * 40, "max_tokens": 999, "max_completion_tokens": 30}, 40),
-        # chat: the messages' compact JSON [{"role":"user","content":"hi"}] is 32 chars -> 8
-        ({"messages": [{"role": "user", "content": "hi"}]}, 8),
-    ],
-)
-def test_token_load_counts_prompt_tokens_plus_max_tokens(body: dict[str, object], tokens: int) -> None:
-    a, b = eps("a", "b")
-    scorer = TokenLoadScorer(queue_threshold_tokens=1000, clock=FakeClock())
-    request = InferenceRequest.from_openai({"model": "m", **body}, request_id="r1")
-    scorer.pre_request(request, result_of(("default", [a])), CycleState())
-    assert scorer.in_flight.counts == {"a": float(tokens)}
-    # a: 1 - tokens/1000; b has none in flight: 1
-    assert score(scorer, [a, b]) == pytest.approx([1 - tokens / 1000, 1.0])
-
-
-def test_token_load_threshold_caps_the_load() -> None:
-    a, b, c = eps("a", "b", "c")
-    scorer = TokenLoadScorer(queue_threshold_tokens=100, clock=FakeClock())
-    scorer.pre_request(
-        make_request("x" * 200, request_id="r1"), result_of(("default", [a])), CycleState()
-    )  # 50
-    scorer.pre_request(
-        make_request("x" * 600, request_id="r2"), result_of(("default", [b])), CycleState()
-    )  # 150
-    # a 1 - 50/100 = 0.5; b 1 - min(150, 100)/100 = 0; c 1
-    assert score(scorer, [a, b, c]) == [0.5, 0.0, 1.0]
-
-
-def test_token_load_sums_requests_and_counts_every_profile_first_target() -> None:
-    d, p, f = eps("d", "p", "fallback")
-    scorer = TokenLoadScorer(queue_threshold_tokens=1000, clock=FakeClock())
-    scorer.pre_request(
-        make_request("x" * 400, request_id="r1"),
-        result_of(("decode", [d, f]), ("prefill", [p])),
-        CycleState(),
+def test_active_request_idle_threshold_and_max_busy_score() -> None:
+    scorer = ActiveRequestScorer(
+        inflight=inflight_with({"a": 1, "b": 2, "c": 4}), idle_threshold=1, max_busy_score=0.8
     )
-    scorer.pre_request(make_request("x" * 800, request_id="r2"), result_of(("decode", [d])), CycleState())
-    # d: 100 + 200 = 300 -> 0.7; p: 100 -> 0.9; fallback not counted -> 1
-    assert score(scorer, [d, p, f]) == pytest.approx([0.7, 0.9, 1.0])
+    # a: idle (1 <= 1) -> 1; b: (4 - 2) / 4 x 0.8 = 0.4; c: 0
+    assert score(scorer, eps("a", "b", "c")) == [1.0, pytest.approx(0.4), 0.0]
 
 
-def test_token_load_response_complete_and_expiry() -> None:
-    a, b = eps("a", "b")
-    clock = FakeClock(0.0)
-    scorer = TokenLoadScorer(queue_threshold_tokens=1000, request_timeout=30.0, clock=clock)
-    r1 = make_request("x" * 400, request_id="r1")  # 100 tokens
-    r2 = make_request("x" * 800, request_id="r2")  # 200 tokens
-    scorer.pre_request(r1, result_of(("default", [a])), CycleState())
-    clock.now = 10.0
-    scorer.pre_request(r2, result_of(("default", [b])), CycleState())
-    assert score(scorer, [a, b]) == pytest.approx([0.9, 0.8])
-    scorer.response_complete(r1, Response("r1"), a)
-    assert score(scorer, [a, b]) == pytest.approx([1.0, 0.8])
-    clock.now = 39.9
-    assert score(scorer, [a, b]) == pytest.approx([1.0, 0.8])
-    clock.now = 40.0  # r2 was added at 10 with timeout 30
-    assert score(scorer, [a, b]) == [1.0, 1.0]
+def test_active_request_follows_the_producer_as_responses_complete() -> None:
+    producer = inflight_with({"a": 2, "b": 1})
+    scorer = ActiveRequestScorer(inflight=producer)
+    assert score(scorer, eps("a", "b")) == [0.0, 0.5]
+    producer.response_complete(make_request(request_id="a-0"), Response("a-0"), make_endpoint("a"))
+    producer.response_complete(make_request(request_id="a-1"), Response("a-1"), make_endpoint("a"))
+    assert score(scorer, eps("a", "b")) == [1.0, 0.0]
+
+
+def test_active_request_parameters_as_upstream() -> None:
+    config = load(
+        "plugins:\n- type: active-request-scorer\n"
+        "  parameters: {requestTimeout: 30s, idleThreshold: -3, maxBusyScore: 7}\n"
+    )
+    scorer = config.plugins["active-request-scorer"]
+    assert isinstance(scorer, ActiveRequestScorer)
+    # requestTimeout is deprecated and ignored; a negative threshold is 0; an out-of-range busy score 1.0.
+    assert (scorer.idle_threshold, scorer.max_busy_score) == (0, 1.0)
+    assert scorer.inflight is config.plugins["inflight-load-producer"]  # added with defaults
+
+
+def test_token_load_adds_this_requests_uncached_tokens_to_the_in_flight_ones() -> None:
+    producer = inflight_with({"a": 1}, tokens={"a": 1000})
+    scorer = TokenLoadScorer(inflight=producer, queue_threshold_tokens=4000)
+    state = CycleState()
+    request = make_request("y" * 2000)  # 500 tokens
+    producer.produce(request, state, eps("a", "b"))
+    # a: 1000 in flight + 500 -> 1 - 1500/4000; b: 500 -> 1 - 500/4000
+    assert scorer.score(request, state, eps("a", "b")) == [pytest.approx(0.625), pytest.approx(0.875)]
+
+
+def test_token_load_threshold_caps_the_load_and_an_idle_endpoint_scores_one() -> None:
+    scorer = TokenLoadScorer(
+        inflight=inflight_with({"a": 1}, tokens={"a": 9000}), queue_threshold_tokens=4000
+    )
+    assert scorer.score(make_request(""), CycleState(), eps("a", "b")) == [0.0, 1.0]
 
 
 def test_token_load_parameters() -> None:
-    defaults = TokenLoadParameters()
-    assert defaults.queue_threshold_tokens == 4_194_304
-    assert defaults.request_timeout == 120.0
-    with pytest.raises(ValidationError):
-        TokenLoadParameters.model_validate({"queueThresholdTokens": 0})
+    config = load("plugins:\n- type: token-load-scorer\n  parameters: {queueThresholdTokens: 0}\n")
+    scorer = config.plugins["token-load-scorer"]
+    assert isinstance(scorer, TokenLoadScorer)
+    assert scorer.threshold == 4_194_304  # <= 0: the default, as upstream
+    assert scorer.inflight is config.plugins["inflight-load-producer"]
 
 
 # --- session-affinity-scorer ------------------------------------------------------------------

@@ -11,7 +11,8 @@ prompt the chosen decode endpoint probably lacks is long enough to be worth a tr
 prompt = characters / 4 and cached = matched blocks × block size on that endpoint (from the prefix
 scorer's match in this cycle), yes iff prompt >= nonCachedTokens and prompt - cached >=
 nonCachedTokens, and prompt >= promptTokens when that is set (upstream's floor on the prompt length).
-nonCachedTokens 0 means always; no prefix match in the cycle means no.
+nonCachedTokens 0 (the default) means never, as upstream since llm-d v0.7 (earlier releases read it as
+always); no prefix match in the cycle means no.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ class PrefixBasedDecider(NamedPlugin):
     def disaggregate(self, request: InferenceRequest, cycle_state: CycleState, decode: Endpoint) -> bool:
         threshold = self.non_cached_tokens
         if threshold <= 0:
-            return True
+            return False  # upstream since llm-d v0.7: nonCachedTokens 0 turns prefix-based P/D off
         prompt = request.estimated_prompt_tokens
         if prompt < threshold or (self.prompt_tokens > 0 and prompt < self.prompt_tokens):
             return False

@@ -11,7 +11,8 @@ takes llm-d's two parameter forms:
   counts as cached. (llm-d subtracts one matched block for the model name, which its index stored as
   a block; epick's index seeds the chain with the model name instead, so nothing is subtracted.)
 - `deciderPluginName`: the named P/D decider decides (llm-d v0.5 on), as in disagg-profile-handler
-  (`threshold: 0`, the default, may stand beside it).
+  (`threshold: 0` may stand beside it). With neither form, the decider is the plugin named
+  `prefix-based-pd-decider`, which the config must define (upstream's rule today).
 
 `decodeProfile` and `prefillProfile` name the two profiles (defaults decode, prefill); a config
 without the prefill profile serves every request decode-only, as llm-d does. `primaryPort`
@@ -30,6 +31,7 @@ from epick.plugins.profile.disagg import DisaggProfileHandler
 from epick.plugins.registry import Handle, ParameterError, Parameters, PluginSpec
 
 TYPE = "pd-profile-handler"
+DEFAULT_DECIDER = "prefix-based-pd-decider"
 
 
 class PdParameters(Parameters):
@@ -88,12 +90,21 @@ class PdProfileHandler(DisaggProfileHandler):
 
 def _factory(name: str, params: PdParameters, handle: Handle) -> PdProfileHandler:
     decider: DisaggregationRule
+    legacy = params.threshold is not None or params.hash_block_size is not None
+    if params.decider_plugin_name is None and not legacy:
+        # Upstream today: the decider is the plugin named prefix-based-pd-decider.
+        params = params.model_copy(update={"decider_plugin_name": DEFAULT_DECIDER})
     if params.decider_plugin_name is not None:
         try:
             plugin = handle.plugin(params.decider_plugin_name)
         except LookupError as e:
+            default = (
+                " (the default deciderPluginName)" if params.decider_plugin_name == DEFAULT_DECIDER else ""
+            )
             raise ParameterError(
-                "deciderPluginName", f"there is no plugin named {params.decider_plugin_name!r}", e.args[1]
+                "deciderPluginName",
+                f"there is no plugin named {params.decider_plugin_name!r}{default}",
+                f"define a prefix-based-pd-decider plugin, or name a decider; {e.args[1]}",
             ) from None
         if not isinstance(plugin, PDDecider):
             raise ParameterError(

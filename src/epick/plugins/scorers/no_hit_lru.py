@@ -1,10 +1,9 @@
 """`no-hit-lru-scorer` (llm-d): spread cold requests, which fill caches fastest, over the endpoints.
 
-A request is cold when the prefix-match producer (`prefixMatchInfoProducerName`, or the config's
-`approx-prefix-cache-producer`), else the prefix scorer (`prefixPluginName`, default
-`prefix-cache-scorer`), found
-no endpoint holding any of its blocks in this cycle, or left no match at all (it must come before
-this scorer in the profile). A warm request scores 0.5 everywhere. For a cold one, endpoints are
+A request is cold when no candidate holds any of its blocks, by the prefix-match producer
+(`prefixMatchInfoProducerName`, or the config's `approx-prefix-cache-producer`), else the prefix scorer
+(`prefixPluginName`, default `prefix-cache-scorer`, which must come before this scorer in the profile),
+or when that left no match at all. A warm request scores 0.5 everywhere. For a cold one, endpoints are
 ranked by when they last received a cold request: first those that never did (in candidate order),
 then the rest from least to most recent; rank r of n scores max(0, 1 − r / (n − 1)), a single
 endpoint 1. The order is kept in PreRequest for the primary target and the `prefillProfile`
@@ -70,7 +69,9 @@ class NoHitLruScorer(NamedPlugin):
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
     ) -> list[float]:
         match = find_prefix_match(cycle_state, self.prefix_plugin_name)
-        cold = match is None or not match.matched
+        # Cold when no candidate holds a block (upstream's rule): in P/D the prefill endpoints may
+        # hold the prefix while no decode candidate does.
+        cold = match is None or not any(match.matched.get(ep.name, 0) > 0 for ep in endpoints)
         cycle_state.write(state_key(self), _Scored(cold))
         if not cold:
             return [0.5] * len(endpoints)

@@ -1,77 +1,71 @@
-"""`token-load-scorer`: prefer endpoints with fewer tokens in flight from this router.
+"""`token-load-scorer`: prefer candidates with fewer prompt tokens in flight, this request's included.
 
-score = 1 when an endpoint has no tokens in flight, else 1 - min(load, threshold) / threshold, with
-threshold `queueThresholdTokens` (default 4,194,304, the Go EPP's). A request's load is its estimated
-prompt tokens (characters / 4) plus its `max_tokens` when given, counted from `PreRequest` on the
-first target of every profile result until `ResponseComplete` or `requestTimeout`.
-
-Deviation: the Go EPP reads in-flight tokens from a separate concurrency-detector plugin; epick's
-scorer keeps the count itself through the request-control hooks, so it works on its own.
+As upstream's (llm-d/llm-d-router, pkg/epp/framework/plugins/scheduling/scorer/tokenload): the load
+on a candidate is the in-flight producer's tokens there (`inFlightLoadProducerName`, default the
+config's `inflight-load-producer`, added with default parameters when the config has none) plus the
+uncached tokens this request would add there (the producer's per-candidate estimate). score = 1 when
+the load is 0, else 1 − min(load, t) / t with t = `queueThresholdTokens` (default 4,194,304; a value
+<= 0 means the default, as upstream). `requestTimeout`, an earlier epick parameter, is accepted and
+ignored: the producer tracks requests to their end.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 
-from pydantic import Field
-
-from epick.framework import (
-    CycleState,
-    Endpoint,
-    InferenceRequest,
-    NamedPlugin,
-    Reads,
-    Response,
-    SchedulingResult,
-)
+from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads
 from epick.plugins.duration import Duration
+from epick.plugins.load.inflight import TYPE as INFLIGHT_TYPE
+from epick.plugins.load.inflight import InFlightLoadProducer, resolve_inflight
 from epick.plugins.registry import Handle, Parameters, PluginSpec
-from epick.plugins.scorers.active_request import InFlight, first_targets
 
 TYPE = "token-load-scorer"
+DEFAULT_THRESHOLD = 4_194_304  # 128 requests of 32K tokens
 
 
 class TokenLoadParameters(Parameters):
-    queue_threshold_tokens: int = Field(default=4_194_304, gt=0)
-    request_timeout: Duration = 120.0
+    queue_threshold_tokens: int = DEFAULT_THRESHOLD
+    in_flight_load_producer_name: str = ""
+    request_timeout: Duration | None = None  # ignored
 
 
 class TokenLoadScorer(NamedPlugin):
     plugin_type = TYPE
-    reads = Reads.PROMPT_SIZE | Reads.HISTORY  # tokens in flight
+    reads = Reads.HISTORY | Reads.PROMPT_SIZE  # the in-flight counts, and this request's estimate
 
     def __init__(
         self,
         name: str | None = None,
-        queue_threshold_tokens: int = 4_194_304,
-        request_timeout: float = 120.0,
-        clock: Callable[[], float] = time.monotonic,
+        inflight: InFlightLoadProducer | None = None,
+        queue_threshold_tokens: int = DEFAULT_THRESHOLD,
     ) -> None:
         super().__init__(name)
-        self.threshold = queue_threshold_tokens
-        self.in_flight = InFlight(request_timeout, clock)
+        self.inflight = inflight
+        self.threshold = float(queue_threshold_tokens if queue_threshold_tokens > 0 else DEFAULT_THRESHOLD)
 
     def score(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
     ) -> list[float]:
-        self.in_flight.expire()
-        counts = self.in_flight.counts
-        t = self.threshold
-        return [1.0 - min(counts.get(ep.name, 0.0), t) / t for ep in endpoints]
-
-    def pre_request(
-        self, request: InferenceRequest, result: SchedulingResult, cycle_state: CycleState
-    ) -> None:
-        tokens = request.estimated_prompt_tokens + (request.body.max_tokens or 0)
-        self.in_flight.add(request.request_id, first_targets(result), float(tokens))
-
-    def response_complete(self, request: InferenceRequest, response: Response, endpoint: Endpoint) -> None:
-        self.in_flight.remove(request.request_id)
+        inflight = self.inflight
+        own: Mapping[str, int] = {}
+        if inflight is not None:
+            own = cycle_state.read(inflight.key, dict) or {}
+        scores = []
+        for ep in endpoints:
+            load = float((inflight.load(ep.name).tokens if inflight else 0) + own.get(ep.name, 0))
+            scores.append(1.0 if load <= 0 else 1.0 - min(load, self.threshold) / self.threshold)
+        return scores
 
 
 def _factory(name: str, params: TokenLoadParameters, handle: Handle) -> TokenLoadScorer:
-    return TokenLoadScorer(name, params.queue_threshold_tokens, params.request_timeout)
+    inflight = resolve_inflight(handle, params.in_flight_load_producer_name, "inFlightLoadProducerName")
+    return TokenLoadScorer(name, inflight, params.queue_threshold_tokens)
 
 
-SPEC = PluginSpec(TYPE, _factory, TokenLoadParameters, "1 - min(tokens in flight, t) / t")
+def _requires(params: TokenLoadParameters) -> tuple[str, ...]:
+    return () if params.in_flight_load_producer_name else (INFLIGHT_TYPE,)
+
+
+SPEC = PluginSpec(
+    TYPE, _factory, TokenLoadParameters, "fewer prompt tokens in flight scores higher", requires=_requires
+)
