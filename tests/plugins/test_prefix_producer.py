@@ -124,10 +124,28 @@ def test_no_hit_lru_reads_the_producer_match() -> None:
     assert lru.score(make_request("p"), state, [make_endpoint("a"), make_endpoint("b")]) == [0.5, 0.5]
 
 
-def test_a_scorer_without_a_producer_keeps_its_own_index() -> None:
+def test_under_llmd_a_bare_scorer_reads_a_default_producer() -> None:
+    # llm-d-router's loader creates the producer with default parameters: 64-token blocks.
     config = load("plugins:\n- type: prefix-cache-scorer\n")
     scorer = config.plugins["prefix-cache-scorer"]
-    assert isinstance(scorer, PrefixCacheScorer) and scorer.producer_key is None
+    assert isinstance(scorer, PrefixCacheScorer)
+    assert scorer.producer_key == "PrefixCacheMatchInfoDataKey/approx-prefix-cache-producer"
+    producer = config.plugins["approx-prefix-cache-producer"]
+    assert isinstance(producer, ApproxPrefixCacheProducer) and producer.block_size_tokens([]) == 64
+
+
+def test_a_scorer_that_sizes_its_index_or_a_gie_config_keeps_its_own_index() -> None:
+    # llm-d's older configs size the scorer's own index; GIE v1.5's loader gives the scorer a
+    # producer built from the scorer's own parameters, which is what epick's own index is.
+    sized = load("plugins:\n- type: prefix-cache-scorer\n  parameters: {blockSizeTokens: 32}\n")
+    gie = load_config_text(
+        "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
+        "plugins:\n- type: prefix-cache-scorer\n"
+    )
+    for config in (sized, gie):
+        scorer = config.plugins["prefix-cache-scorer"]
+        assert isinstance(scorer, PrefixCacheScorer) and scorer.producer_key is None
+        assert "approx-prefix-cache-producer" not in config.plugins
 
 
 def test_a_producer_of_the_default_name_is_used_without_being_named() -> None:

@@ -302,7 +302,7 @@ class _Builder:
                 params = spec.parameters.model_validate(entry.parameters or {})
             except ValidationError:
                 continue  # reported when the plugin is built
-            for needed in spec.requires(params):
+            for needed in spec.requires(params, self.doc.api_version):
                 if needed in self.entries or needed not in self.registry:
                     continue
                 self.entries[needed] = (-1, PluginEntry(type=needed))

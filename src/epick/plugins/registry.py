@@ -55,9 +55,10 @@ class PluginSpec:
     parameters: builtins.type[Parameters] = NoParameters
     summary: str = ""
     aliases: tuple[str, ...] = ()
-    # The data producers (by type) a plugin built with these parameters reads: when the config has no
-    # plugin of that name, the loader adds one with default parameters (upstream's default producers).
-    requires: Callable[[Any], tuple[str, ...]] | None = None
+    # The data producers (by type) a plugin built with these parameters reads, given the config's
+    # apiVersion (GIE's and llm-d's loaders differ): when the config has no plugin of that name, the
+    # loader adds one with default parameters (upstream's default producers).
+    requires: Callable[[Any, str], tuple[str, ...]] | None = None
 
 
 class ParameterError(ValueError):

@@ -133,7 +133,7 @@ def _factory(name: str, params: PrefixAffinityParameters, handle: Handle) -> Pre
     )
 
 
-def _requires(params: PrefixAffinityParameters) -> tuple[str, ...]:
+def _requires(params: PrefixAffinityParameters, api_version: str = "") -> tuple[str, ...]:
     needed = [] if params.prefix_match_info_producer_name else ["approx-prefix-cache-producer"]
     gated = params.max_ttft_penalty_ms > 0 and params.ttft_source == "prefillThroughput"
     if gated and not params.in_flight_load_producer_name:

@@ -137,7 +137,7 @@ def _factory(name: str, params: UtilizationFilterParameters, handle: Handle) -> 
     return UtilizationFilter(name, params, inflight)
 
 
-def _requires(params: UtilizationFilterParameters) -> tuple[str, ...]:
+def _requires(params: UtilizationFilterParameters, api_version: str = "") -> tuple[str, ...]:
     if params.reads_active_requests() and not params.in_flight_load_producer_name:
         return (INFLIGHT_TYPE,)
     return ()

@@ -95,7 +95,7 @@ def _factory(name: str, params: ConcurrencyParameters, handle: Handle) -> Concur
     )
 
 
-def _requires(params: ConcurrencyParameters) -> tuple[str, ...]:
+def _requires(params: ConcurrencyParameters, api_version: str = "") -> tuple[str, ...]:
     return () if params.in_flight_load_producer_name else (INFLIGHT_TYPE,)
 
 

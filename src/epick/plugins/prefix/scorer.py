@@ -248,4 +248,21 @@ def _factory(name: str, params: PrefixCacheParameters, handle: Handle) -> Prefix
     )
 
 
-SPEC = PluginSpec(TYPE, _factory, PrefixCacheParameters, "matched prompt blocks / prompt blocks")
+INDEX_PARAMETERS = frozenset(
+    {"block_size_tokens", "max_prefix_blocks_to_match", "lru_capacity_per_server", "hash_block_size"}
+)
+
+
+def _requires(params: PrefixCacheParameters, api_version: str = "") -> tuple[str, ...]:
+    """Under llm-d's apiVersion a prefix-cache-scorer that sizes no index of its own reads an
+    approx-prefix-cache-producer with default parameters (llm-d/llm-d-router's loader creates one);
+    under GIE's, the scorer keeps its own index, which is what GIE v1.5's loader builds for it (a
+    producer with the scorer's parameters)."""
+    if params.prefix_match_info_producer_name or not api_version.startswith("llm-d.ai/"):
+        return ()
+    return () if params.model_fields_set & INDEX_PARAMETERS else (DEFAULT_PRODUCER,)
+
+
+SPEC = PluginSpec(
+    TYPE, _factory, PrefixCacheParameters, "matched prompt blocks / prompt blocks", requires=_requires
+)

@@ -70,7 +70,7 @@ def _factory(name: str, params: ActiveRequestParameters, handle: Handle) -> Acti
     )
 
 
-def _requires(params: ActiveRequestParameters) -> tuple[str, ...]:
+def _requires(params: ActiveRequestParameters, api_version: str = "") -> tuple[str, ...]:
     return () if params.in_flight_load_producer_name else (INFLIGHT_TYPE,)
 
 

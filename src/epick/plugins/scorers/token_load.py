@@ -62,7 +62,7 @@ def _factory(name: str, params: TokenLoadParameters, handle: Handle) -> TokenLoa
     return TokenLoadScorer(name, inflight, params.queue_threshold_tokens)
 
 
-def _requires(params: TokenLoadParameters) -> tuple[str, ...]:
+def _requires(params: TokenLoadParameters, api_version: str = "") -> tuple[str, ...]:
     return () if params.in_flight_load_producer_name else (INFLIGHT_TYPE,)
 
 
