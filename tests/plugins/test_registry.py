@@ -50,3 +50,13 @@ def test_docs_plugins_names_every_in_tree_type_and_alias() -> None:
     docs = (Path(__file__).parents[2] / "docs" / "plugins.md").read_text()
     names = [name for spec in in_tree_registry() for name in (spec.type, *spec.aliases)]
     assert [name for name in names if f"`{name}`" not in docs] == []
+
+
+def test_docs_say_which_upstream_version_every_plugin_follows() -> None:
+    import re
+    from pathlib import Path
+
+    docs = (Path(__file__).parents[2] / "docs" / "plugins.md").read_text()
+    section = docs.split("## Upstream version each plugin follows", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`([a-z0-9-]+)`", section))
+    assert [spec.type for spec in in_tree_registry() if spec.type not in named] == []
