@@ -1,5 +1,6 @@
-"""The Go EPP's first filters (GIE v0.5; llm-d's deployments still ship them in their default
-plugins), under both of their type names (`low-queue-filter` and, later, `low-queue`):
+"""The Go EPP's first filters, as GIE v0.5 registered them (no later upstream release does), also
+under short names (`low-queue`, ...: GIE v0.4's internal names for the first three and the LoRA
+filter; `least-kv-cache` and `decision-tree` are epick's, for symmetry):
 
 - `low-queue-filter`: endpoints whose waiting queue is at most `threshold` (128).
 - `least-queue-filter`: endpoints whose queue is within the lowest (max − min) / n of the range
