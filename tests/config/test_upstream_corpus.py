@@ -65,8 +65,6 @@ PENDING: dict[str, set[str]] = {
     | {"precise-prefix-cache-scorer"},
     "llm-d-inference-scheduler/v0.8.0-deploy-sim-epp-kvcache-config.yaml": {"precise-prefix-cache-scorer"},
     "llm-d-inference-scheduler/v0.8.0-deploy-sim-epp-no-hit-lru.yaml": {"precise-prefix-cache-scorer"},
-    "llm-d-router/agent-identity-readme-additional-headers.yaml": {"agent-identity"},
-    "llm-d-router/agent-identity-readme-default.yaml": {"agent-identity"},
     "llm-d-router/chart-latency-predictor.yaml": set(LATENCY),
     "llm-d-router/deploy-epp-burst-prefix-cache-config.yaml": {"token-producer"}
     | {"burst-prefix-cache-producer"},

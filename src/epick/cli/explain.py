@@ -69,6 +69,8 @@ def produce(config: LoadedConfig, request: InferenceRequest, endpoints: list[End
     """A cycle state holding what the config's data producers make of `request`, as the request path
     runs them before scheduling (in order; the first that fails ends the phase)."""
     cycle_state = CycleState()
+    for processor in config.hooks.header_processors:
+        processor.process_request_headers(request, cycle_state)
     for producer in config.hooks.producers:
         try:
             producer.produce(request, cycle_state, endpoints)

@@ -13,6 +13,7 @@ from epick.framework import (
     ParserSet,
     Plugin,
     PreRequest,
+    RequestHeaderProcessor,
     ResponseComplete,
     ResponseReceived,
     ResponseStreaming,
@@ -25,6 +26,7 @@ from epick.framework import (
 class RequestHooks:
     """The request-control hooks a config's plugins implement, in the order they were defined."""
 
+    header_processors: list[RequestHeaderProcessor] = field(default_factory=list)
     producers: list[DataProducer] = field(default_factory=list)
     admitters: list[Admitter] = field(default_factory=list)
     pre_request: list[PreRequest] = field(default_factory=list)
@@ -36,6 +38,8 @@ class RequestHooks:
     def from_plugins(cls, plugins: Sequence[Plugin]) -> RequestHooks:
         hooks = cls()
         for p in plugins:
+            if isinstance(p, RequestHeaderProcessor):
+                hooks.header_processors.append(p)
             if isinstance(p, DataProducer):
                 hooks.producers.append(p)
             if isinstance(p, Admitter):

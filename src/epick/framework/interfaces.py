@@ -100,6 +100,14 @@ class DataProducer(Plugin, Protocol):
 
 
 @runtime_checkable
+class RequestHeaderProcessor(Plugin, Protocol):
+    """Reads a request's headers first, before admission (upstream's `RequestHeaderProcessor`), and
+    publishes what it finds in the cycle state for the plugins after it."""
+
+    def process_request_headers(self, request: InferenceRequest, cycle_state: CycleState) -> None: ...
+
+
+@runtime_checkable
 class Admitter(Plugin, Protocol):
     """Decides, after the data producers and before scheduling, whether to serve the request at all
     (upstream's `requestcontrol.Admitter`): None admits it, a reason refuses it (the client gets 429)."""

@@ -30,6 +30,7 @@ from epick.plugins.prerequest import prefill_header
 from epick.plugins.profile import data_parallel, deciders, disagg, header, pd, shadow, single
 from epick.plugins.registry import PluginSpec, Registry
 from epick.plugins.reporters import request_attribute
+from epick.plugins.requestheader import agent_identity
 from epick.plugins.scorers import (
     active_request,
     context_length_aware,
@@ -114,6 +115,7 @@ def in_tree_plugins() -> list[PluginSpec]:
         utilization_filter.SPEC,
         session_producer.SPEC,
         session_filter.SPEC,
+        agent_identity.SPEC,
     ]
 
 

@@ -61,10 +61,14 @@ class RequestPath:
         Raises `RequestError` with the status a client gets: 503 when there is no candidate or no
         profile can serve, 429 when a sheddable request meets a saturated pool or every candidate is
         filtered out, or an admitter plugin refuses it. The data producers run before the admitters,
-        and both after the saturation check, as upstream orders them. Flow control, when configured,
+        and both after the saturation check, as upstream orders them; request-header processors run
+        first of all. Flow control, when configured,
         will sit between admission and scheduling.
         """
         config = self.config
+        cycle_state = CycleState()
+        for processor in config.hooks.header_processors:
+            processor.process_request_headers(request, cycle_state)
         if not candidates:
             raise errors.no_endpoints()
         if request.priority < 0:
@@ -74,7 +78,6 @@ class RequestPath:
                 raise errors.shed(
                     f"pool saturated ({saturation:.2f}); sheddable request (priority {request.priority})"
                 )
-        cycle_state = CycleState()
         if config.hooks.producers:
             self._produce(request, cycle_state, candidates)
         if config.hooks.admitters:

@@ -1,0 +1,1 @@
+"""Request-header processors: read a request's headers before admission and publish what they find."""
