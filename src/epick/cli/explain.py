@@ -55,7 +55,7 @@ def replay_history(config: LoadedConfig, history: list[tuple[InferenceRequest, E
     hooks = config.hooks
     for request, endpoint in history:
         result = SchedulingResult({profile: ProfileRunResult((endpoint,))}, profile)
-        cycle_state = produce(config, request, [endpoint])
+        _, cycle_state = prepare(config, request, [endpoint])
         for pre in hooks.pre_request:
             pre.pre_request(request, result, cycle_state)
         response = Response(request.request_id, end_of_stream=True)
@@ -65,23 +65,30 @@ def replay_history(config: LoadedConfig, history: list[tuple[InferenceRequest, E
             complete.response_complete(request, response, endpoint)
 
 
-def produce(config: LoadedConfig, request: InferenceRequest, endpoints: list[Endpoint]) -> CycleState:
-    """A cycle state holding what the config's data producers make of `request`, as the request path
-    runs them before scheduling (in order; the first that fails ends the phase)."""
+def prepare(
+    config: LoadedConfig, request: InferenceRequest, endpoints: list[Endpoint]
+) -> tuple[list[Endpoint], CycleState]:
+    """What the request path does before scheduling, without admission: the request-header
+    processors, the screeners (the candidates every one keeps) and the data producers (in order; the
+    first that fails ends the phase)."""
     cycle_state = CycleState()
     for processor in config.hooks.header_processors:
         processor.process_request_headers(request, cycle_state)
+    kept = list(endpoints)
+    for screener in config.hooks.screeners:
+        allowed = {id(ep) for ep in screener.screen(request, cycle_state, endpoints)}
+        kept = [ep for ep in kept if id(ep) in allowed]
     for producer in config.hooks.producers:
         try:
-            producer.produce(request, cycle_state, endpoints)
+            producer.produce(request, cycle_state, kept)
         except Exception:
             break
-    return cycle_state
+    return kept, cycle_state
 
 
 def explain(config: LoadedConfig, request: InferenceRequest, endpoints: list[Endpoint]) -> Explanation:
     trace = ScheduleTrace()
-    cycle_state = produce(config, request, endpoints)
+    endpoints, cycle_state = prepare(config, request, endpoints)
     try:
         result: SchedulingResult | None = config.scheduler.schedule(
             request, endpoints, trace=trace, cycle_state=cycle_state

@@ -19,6 +19,7 @@ from epick.framework import (
     ResponseStreaming,
     SaturationDetector,
     Scheduler,
+    Screener,
 )
 
 
@@ -27,6 +28,7 @@ class RequestHooks:
     """The request-control hooks a config's plugins implement, in the order they were defined."""
 
     header_processors: list[RequestHeaderProcessor] = field(default_factory=list)
+    screeners: list[Screener] = field(default_factory=list)
     producers: list[DataProducer] = field(default_factory=list)
     admitters: list[Admitter] = field(default_factory=list)
     pre_request: list[PreRequest] = field(default_factory=list)
@@ -40,6 +42,8 @@ class RequestHooks:
         for p in plugins:
             if isinstance(p, RequestHeaderProcessor):
                 hooks.header_processors.append(p)
+            if isinstance(p, Screener):
+                hooks.screeners.append(p)
             if isinstance(p, DataProducer):
                 hooks.producers.append(p)
             if isinstance(p, Admitter):

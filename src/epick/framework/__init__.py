@@ -22,6 +22,7 @@ from epick.framework.interfaces import (
     ResponseStreaming,
     SaturationDetector,
     Scorer,
+    Screener,
 )
 from epick.framework.parsing import ParsedRequest, Parser, ParserSet, merge_usage
 from epick.framework.plugin import NamedPlugin, Plugin, TypedName, state_key
@@ -81,6 +82,7 @@ __all__ = [
     "ScoredEndpoint",
     "ScoredEndpoints",
     "Scorer",
+    "Screener",
     "Snapshot",
     "TypedName",
     "Usage",

@@ -108,6 +108,17 @@ class RequestHeaderProcessor(Plugin, Protocol):
 
 
 @runtime_checkable
+class Screener(Plugin, Protocol):
+    """Narrows a request's candidates before the data producers and every profile (upstream's
+    `requestcontrol.Screener`): each screener sees the same candidates, the request keeps those every
+    screener kept (in their order), and none kept fails it (503)."""
+
+    def screen(
+        self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> Sequence[Endpoint]: ...
+
+
+@runtime_checkable
 class Admitter(Plugin, Protocol):
     """Decides, after the data producers and before scheduling, whether to serve the request at all
     (upstream's `requestcontrol.Admitter`): None admits it, a reason refuses it (the client gets 429)."""

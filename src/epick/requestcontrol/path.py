@@ -78,6 +78,8 @@ class RequestPath:
                 raise errors.shed(
                     f"pool saturated ({saturation:.2f}); sheddable request (priority {request.priority})"
                 )
+        if config.hooks.screeners:
+            candidates = self._screen(request, cycle_state, candidates)
         if config.hooks.producers:
             self._produce(request, cycle_state, candidates)
         if config.hooks.admitters:
@@ -108,6 +110,21 @@ class RequestPath:
                 ",".join(ep.name for ep in result.targets),
             )
         return result
+
+    def _screen(
+        self, request: InferenceRequest, cycle_state: CycleState, candidates: Snapshot | Sequence[Endpoint]
+    ) -> Snapshot | Sequence[Endpoint]:
+        """The candidates every screener kept, in their order; none kept: 503."""
+        endpoints = candidates.endpoints if isinstance(candidates, Snapshot) else tuple(candidates)
+        kept = {id(ep) for ep in endpoints}
+        for screener in self.config.hooks.screeners:
+            kept &= {id(ep) for ep in screener.screen(request, cycle_state, endpoints)}
+        if len(kept) == len(endpoints):
+            return candidates
+        remaining = tuple(ep for ep in endpoints if id(ep) in kept)
+        if not remaining:
+            raise RequestError(503, "screeners eliminated all endpoint candidates", "rejected-no-endpoints")
+        return remaining
 
     def _produce(
         self, request: InferenceRequest, cycle_state: CycleState, candidates: Snapshot | Sequence[Endpoint]
