@@ -40,7 +40,6 @@ FLOW = {
 }
 PENDING: dict[str, set[str]] = {
     "gie-v1.5.0/chart-latency-predictor.yaml": set(LATENCY),
-    "gie-v1.5.0/config-text-parser-vllmgrpc.yaml": {"vllmgrpc-parser"},
     "gie-v1.5.0/loader-successComplexFlowControlConfigText.yaml": {
         "fcfs-ordering-policy",
         "global-strict-fairness-policy",
@@ -58,7 +57,6 @@ PENDING: dict[str, set[str]] = {
     "llm-d-inference-scheduler/main-deploy-sim-epp-no-hit-lru.yaml": {"precise-prefix-cache-scorer"},
     "llm-d-inference-scheduler/main-deploy-sim-epp-tokenizer-vllm-http-config.yaml": {"token-producer"}
     | {"precise-prefix-cache-scorer"},
-    "llm-d-inference-scheduler/main-parsers-readme-vllmgrpc.yaml": {"vllmgrpc-parser"},
     "llm-d-inference-scheduler/v0.8.0-deploy-epp-precise-prefix-cache-config.yaml": {"tokenizer"}
     | {"precise-prefix-cache-scorer"},
     "llm-d-inference-scheduler/v0.8.0-deploy-sim-epp-external-tokenizer-config.yaml": {"tokenizer"}
@@ -81,7 +79,6 @@ PENDING: dict[str, set[str]] = {
     "llm-d-router/deploy-soft-reflective-ceiling-epp-config.yaml": {"soft-reflective-ceiling-policy"},
     "llm-d-router/disaggregatedset-rollout-readme.yaml": {"disaggregatedset-rollout-screener"},
     "llm-d-router/docs-architecture-precise-prefix.yaml": {"precise-prefix-cache-producer"},
-    "llm-d-router/parsers-readme-vllmgrpc.yaml": {"vllmgrpc-parser"},
     "llm-d-router/plugins-readme-multicluster.yaml": {
         "multicluster-file-discovery",
         "multicluster-kv-cache-utilization-scorer",

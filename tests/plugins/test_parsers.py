@@ -228,6 +228,7 @@ def test_the_parser_types() -> None:
         "vllmhttp-parser",
         "sglanghttp-parser",
         "vertexai-parser",
+        "vllmgrpc-parser",
         "passthrough-parser",
     }
     for parser in (

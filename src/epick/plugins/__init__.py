@@ -22,7 +22,7 @@ from epick.plugins.filters import (
 from epick.plugins.filters import endpoint_attribute as endpoint_attribute_filter
 from epick.plugins.filters import topology_affinity as topology_affinity_filter
 from epick.plugins.load import concurrency, inflight
-from epick.plugins.parsers import anthropic, openai, passthrough, sglanghttp, vertexai, vllmhttp
+from epick.plugins.parsers import anthropic, openai, passthrough, sglanghttp, vertexai, vllmgrpc, vllmhttp
 from epick.plugins.pickers import max_score, random_picker, round_robin, weighted_random
 from epick.plugins.prefix import producer as prefix_producer
 from epick.plugins.prefix import scorer as prefix_scorer
@@ -88,6 +88,7 @@ def in_tree_plugins() -> list[PluginSpec]:
         vllmhttp.SPEC,
         sglanghttp.SPEC,
         vertexai.SPEC,
+        vllmgrpc.SPEC,
         passthrough.SPEC,
         metrics_source.SPEC,
         core_metrics.SPEC,

@@ -1,5 +1,6 @@
 """Request parsers (`openai-parser`, `anthropic-parser`, `vllmhttp-parser`, `sglanghttp-parser`,
-`vertexai-parser`, `passthrough-parser`): each claims the paths of one API and reads its bodies and usage."""
+`vertexai-parser`, `vllmgrpc-parser`, `passthrough-parser`): each claims the paths of one API and
+reads its bodies and usage."""
 
 PARSER_TYPES = (
     "openai-parser",
@@ -7,5 +8,6 @@ PARSER_TYPES = (
     "vllmhttp-parser",
     "sglanghttp-parser",
     "vertexai-parser",
+    "vllmgrpc-parser",
     "passthrough-parser",
 )
