@@ -77,7 +77,6 @@ PENDING: dict[str, set[str]] = {
     | {"precise-prefix-cache-producer"},
     "llm-d-router/deploy-sim-program-aware-config.yaml": {"program-aware-fairness"},
     "llm-d-router/deploy-soft-reflective-ceiling-epp-config.yaml": {"soft-reflective-ceiling-policy"},
-    "llm-d-router/disaggregatedset-rollout-readme.yaml": {"disaggregatedset-rollout-screener"},
     "llm-d-router/docs-architecture-precise-prefix.yaml": {"precise-prefix-cache-producer"},
     "llm-d-router/plugins-readme-multicluster.yaml": {
         "multicluster-file-discovery",
@@ -118,6 +117,10 @@ def _pool() -> list[Endpoint]:
     def ep(name: str, role: str | None, queue: int, address: str, **labels: str) -> Endpoint:
         if role is not None:
             labels["role"] = role  # the label key upstream's docs select on
+        if role in ("decode", "prefill"):  # one DisaggregatedSet revision (the rollout screener's labels)
+            labels["disaggregatedset.x-k8s.io/name"] = "my-set"
+            labels["disaggregatedset.x-k8s.io/revision"] = "r1"
+            labels["disaggregatedset.x-k8s.io/role"] = role
         base = make_endpoint(name, role=role, queue=queue, address=address, labels=labels)
         return base.with_metrics(
             Metrics(waiting_queue_size=queue, kv_cache_usage_percent=0.2, update_time=None)

@@ -207,6 +207,10 @@ REQUIRED_PARAMETERS = {
     "utilization-filter": {"conditions": [{"metric": "waiting-queue", "maxValue": 3}]},
     "session-id-producer": {"headerName": "x-session-id"},
     "pd-profile-handler": {"threshold": 0},
+    "disaggregatedset-rollout-screener": {
+        "scope": {"labelSelector": "app=vllm"},
+        "revisionGating": {"mode": "disabled"},
+    },
     "request-attribute-reporter": {
         "attributes": [{"key": {"name": "x-cost"}, "expression": "usage.completion_tokens"}]
     },

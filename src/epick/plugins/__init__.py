@@ -46,6 +46,7 @@ from epick.plugins.scorers import (
 )
 from epick.plugins.scorers import endpoint_attribute as endpoint_attribute_scorer
 from epick.plugins.scorers import topology_affinity as topology_affinity_scorer
+from epick.plugins.screeners import disaggregatedset_rollout
 from epick.plugins.session import filter as session_filter
 from epick.plugins.session import producer as session_producer
 
@@ -117,6 +118,7 @@ def in_tree_plugins() -> list[PluginSpec]:
         session_producer.SPEC,
         session_filter.SPEC,
         agent_identity.SPEC,
+        disaggregatedset_rollout.SPEC,
     ]
 
 

@@ -1,0 +1,1 @@
+"""Screeners: narrow a request's candidates once, before the data producers and every profile."""
