@@ -637,8 +637,8 @@ def test_a_reload_keeps_the_plugins_whose_configuration_did_not_change() -> None
     same = load_config_text(RELOADED.replace("BLOCK", "16"), seed=1, previous=running)
     for name in ("prefix-cache-scorer", "queue-scorer", "always-disagg-pd-decider", "max-score-picker"):
         assert same.plugins[name] is running.plugins[name], name
-    # The handler uses another plugin: it is built anew (it would not see that plugin change).
-    assert same.plugins["pd"] is not running.plugins["pd"]
+    # The handler uses another plugin, itself kept: the handler is kept too.
+    assert same.plugins["pd"] is running.plugins["pd"]
     # The kept instance is what the new profiles and hooks use.
     decode = same.scheduler.profiles["decode"]
     assert decode.scorers[0].scorer is running.plugins["prefix-cache-scorer"]
@@ -647,3 +647,24 @@ def test_a_reload_keeps_the_plugins_whose_configuration_did_not_change() -> None
     changed = load_config_text(RELOADED.replace("BLOCK", "32"), seed=1, previous=same)
     assert changed.plugins["prefix-cache-scorer"] is not same.plugins["prefix-cache-scorer"]
     assert changed.plugins["queue-scorer"] is same.plugins["queue-scorer"]
+    # A plugin that uses a changed one is built anew (a kept one would not see the change).
+    redecided = load_config_text(
+        RELOADED.replace("BLOCK", "16").replace("always-disagg-pd-decider", "prefix-based-pd-decider"),
+        seed=1,
+        previous=same,
+    )
+    assert redecided.plugins["pd"] is not same.plugins["pd"]
+
+
+def test_a_reload_keeps_in_flight_counts_and_rebuilds_what_looked_for_a_new_plugin() -> None:
+    text = (
+        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n- type: active-request-scorer\n"
+    )
+    running = load_config_text(text, seed=1)
+    same = load_config_text(text, seed=1, previous=running)
+    # The in-flight producer looked up a prefix producer (absent then and now): kept, counts and all.
+    assert same.plugins["inflight-load-producer"] is running.plugins["inflight-load-producer"]
+    assert same.plugins["active-request-scorer"] is running.plugins["active-request-scorer"]
+    # Adding the prefix producer it looked for rebuilds it, so that it reads that producer.
+    added = load_config_text(text + "- type: approx-prefix-cache-producer\n", seed=1, previous=same)
+    assert added.plugins["inflight-load-producer"] is not same.plugins["inflight-load-producer"]

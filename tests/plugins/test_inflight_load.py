@@ -221,3 +221,33 @@ def test_affinity_filter_adds_both_producers_it_reads() -> None:
     assert {"approx-prefix-cache-producer", "inflight-load-producer"} <= set(config.plugins)
     f = config.plugins["prefix-cache-affinity-filter"]
     assert isinstance(f, PrefixCacheAffinityFilter) and f.inflight is config.plugins["inflight-load-producer"]
+
+
+def test_a_request_decided_again_moves_its_load() -> None:
+    p = InFlightLoadProducer()
+    request = make_request("x" * 40, request_id="r")
+    p.pre_request(request, decided(("decode", "A")), CycleState())
+    p.pre_request(request, decided(("decode", "B")), CycleState())  # the retry's decision
+    assert (p.load("A").requests, p.load("B").requests) == (0, 1)
+
+
+def test_two_requests_with_the_same_client_id_are_counted_apart() -> None:
+    p = InFlightLoadProducer()
+    first, second = make_request("x", request_id="same"), make_request("x", request_id="same")
+    p.pre_request(first, decided(("decode", "A")), CycleState())
+    p.pre_request(second, decided(("decode", "A")), CycleState())
+    assert p.load("A").requests == 2
+    p.response_complete(first, Response("same"), make_endpoint("A"))
+    assert p.load("A").requests == 1
+
+
+def test_a_request_never_reported_complete_is_released_after_ten_minutes() -> None:
+    now = [0.0]
+    p = InFlightLoadProducer(clock=lambda: now[0])
+    p.pre_request(make_request("x", request_id="lost"), decided(("decode", "A")), CycleState())
+    now[0] = 599.0
+    p.pre_request(make_request("x", request_id="new"), decided(("decode", "B")), CycleState())
+    assert p.load("A").requests == 1
+    now[0] = 601.0
+    p.pre_request(make_request("x", request_id="newer"), decided(("decode", "B")), CycleState())
+    assert (p.load("A").requests, p.load("B").requests) == (0, 2)

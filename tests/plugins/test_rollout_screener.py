@@ -600,6 +600,6 @@ def test_the_readme_config_answers_503_when_the_strict_revision_cannot_serve() -
     endpoints = (*readme_fleet()[2:], pod("c-p", "rev-c", "prefill"))
     with pytest.raises(RequestError) as info:
         readme_path().decide(make_request(headers={REVISION_HEADER: "rev-c"}), endpoints)
-    assert (info.value.status, info.value.code) == (503, "rejected-no-endpoints")
+    assert (info.value.status, info.value.code) == (503, "screened_out")
     with pytest.raises(RequestError):
         readme_path().decide(make_request(headers={REVISION_HEADER: "rev-z"}), endpoints)

@@ -213,6 +213,9 @@ def load(body: str) -> LoadedConfig:
     return load_config_text("apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n" + body)
 
 
+SENT: dict[str, InferenceRequest] = {}  # the requests inflight_with counted, by their ids
+
+
 def inflight_with(requests: dict[str, int], tokens: dict[str, int] | None = None) -> InFlightLoadProducer:
     """An in-flight producer holding `requests[name]` requests (and `tokens[name]` tokens) per endpoint."""
     producer = InFlightLoadProducer()
@@ -220,7 +223,8 @@ def inflight_with(requests: dict[str, int], tokens: dict[str, int] | None = None
         for i in range(n):
             prompt = "x" * (4 * (tokens or {}).get(name, 0) // n)
             result = SchedulingResult({"default": ProfileRunResult((make_endpoint(name),))}, "default")
-            producer.pre_request(make_request(prompt, request_id=f"{name}-{i}"), result, CycleState())
+            request = SENT[f"{name}-{i}"] = make_request(prompt, request_id=f"{name}-{i}")
+            producer.pre_request(request, result, CycleState())
     return producer
 
 
@@ -249,8 +253,8 @@ def test_active_request_follows_the_producer_as_responses_complete() -> None:
     producer = inflight_with({"a": 2, "b": 1})
     scorer = ActiveRequestScorer(inflight=producer)
     assert score(scorer, eps("a", "b")) == [0.0, 0.5]
-    producer.response_complete(make_request(request_id="a-0"), Response("a-0"), make_endpoint("a"))
-    producer.response_complete(make_request(request_id="a-1"), Response("a-1"), make_endpoint("a"))
+    producer.response_complete(SENT["a-0"], Response("a-0"), make_endpoint("a"))
+    producer.response_complete(SENT["a-1"], Response("a-1"), make_endpoint("a"))
     assert score(scorer, eps("a", "b")) == [1.0, 0.0]
 
 

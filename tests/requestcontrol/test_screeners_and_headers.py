@@ -75,4 +75,4 @@ def test_no_endpoint_left_by_the_screeners_is_503() -> None:
     eps = tuple(make_endpoint(n) for n in ("a", "b"))
     with pytest.raises(RequestError) as info:
         path_with(["a"], ["b"]).decide(make_request(), eps)
-    assert (info.value.status, info.value.code) == (503, "rejected-no-endpoints")
+    assert (info.value.status, info.value.code) == (503, "screened_out")

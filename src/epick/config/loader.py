@@ -176,6 +176,9 @@ class _Handle:
         self._requester = requester
 
     def plugin(self, name: str) -> Plugin:
+        # Recorded even when the lookup fails: a plugin that looked for another and went without is
+        # rebuilt on a reload that adds it.
+        self._builder.uses.setdefault(self._requester, set()).add(name)
         if name not in self._builder.entries:
             known = list(self._builder.entries)
             close = did_you_mean(name, known)
@@ -470,11 +473,24 @@ class _Builder:
         return plugin
 
     def _running(self, name: str, fingerprint: str) -> Plugin | None:
-        """The running config's instance of `name`, when it can be kept: same type and parameters,
-        and built without other plugins (whose own changes it would not see)."""
+        """The running config's instance of `name`, when it can be kept: same type and parameters, and
+        every plugin it looked up when built is the same now (itself kept, or still absent), since a
+        kept instance would not see their changes."""
         previous = self.previous
-        if previous is None or previous.fingerprints.get(name) != fingerprint or previous.uses.get(name):
+        if previous is None or previous.fingerprints.get(name) != fingerprint:
             return None
+        used = previous.uses.get(name, frozenset())
+        for dependency in used:
+            if dependency not in self.entries:
+                if dependency in previous.plugins:
+                    return None  # it went away
+                continue  # absent then, absent now
+            if dependency not in previous.plugins:
+                return None  # it is new: the plugin must be built to find it
+            if self.instantiate(dependency) is not previous.plugins[dependency]:
+                return None
+        if used:
+            self.uses[name] = set(used)
         return previous.plugins.get(name)
 
     def _assemble(self) -> tuple[dict[str, SchedulerProfile], ProfileHandler | None]:

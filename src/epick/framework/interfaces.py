@@ -91,7 +91,8 @@ class ProfileHandler(Plugin, Protocol):
 class DataProducer(Plugin, Protocol):
     """Computes per-request data before scheduling (upstream's `DataProducer.Produce`): writes it to
     the cycle state under its data key "<dataType>/<its name>", where consumers configured with its
-    name read it. Producers run in the order the config defines them; one that raises ends the phase
+    name read it. Producers run in the order they were built (a producer another one reads, first);
+    one that raises ends the phase
     for that request (later producers do not run) and the request is scheduled without their data."""
 
     def produce(

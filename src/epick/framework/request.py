@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -101,6 +102,9 @@ class RequestBody:
         return isinstance(self.source, str)
 
 
+_KEYS = itertools.count(1)
+
+
 @dataclass(frozen=True, slots=True)
 class InferenceRequest:
     """One inference request's properties, passed to every plugin as a structured argument."""
@@ -112,6 +116,9 @@ class InferenceRequest:
     priority: int = 0  # < 0: sheddable
     objective: str = ""  # the InferenceObjective named by x-gateway-inference-objective
     size: int = 0  # body size in bytes
+    # Unique in this process (request_id is the client's x-request-id when it sends one): what
+    # plugins key a request's own state by.
+    key: int = field(default_factory=lambda: next(_KEYS), compare=False)
 
     @property
     def estimated_prompt_tokens(self) -> int:

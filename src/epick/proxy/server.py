@@ -172,6 +172,8 @@ class Proxy:
             timeout = self.options.body_timeout
             message = f"request body incomplete after {timeout:g}s (Content-Length longer than the body?)"
             return _error(RequestError(408, message, "body_timeout"), close=True)
+        if not http.raw_path.startswith("/"):  # an absolute-form target: not what a client of a proxy sends
+            return _error(errors.bad_request(f"request target {http.raw_path[:200]!r} is not a path"))
         try:
             decision = self.director.decide(body, http.headers, http.path)
         except RequestError as e:
@@ -188,6 +190,12 @@ class Proxy:
                                            "request_timeout"))  # fmt: skip
             await _end_with_error(state.out, f"the request passed its deadline of {timeout:g}s")
             return state.out
+        finally:
+            # Every attempt failed, the deadline passed, or the client left: the hooks must still
+            # release what the request held (in-flight counts), once.
+            if not decision.completed[0]:
+                failed = Response(decision.request.request_id, status=0, error="no response completed")
+                self.director.response_complete(decision, failed, decision.targets[0])
 
     async def _attempts(
         self, http: web.Request, decision: Decision, path: str, state: _Request

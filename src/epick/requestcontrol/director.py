@@ -65,6 +65,8 @@ class Decision:
     client_model: str = ""  # the model the client asked for, before any rewrite
     # Reads the response's usage with the request's parser (None: the response is not read).
     usage: UsageReader | None = field(default=None, repr=False)
+    # Whether the response was reported complete; shared by the copies a retry makes (`replace`).
+    completed: list[bool] = field(default_factory=lambda: [False], repr=False)
 
     @property
     def targets(self) -> tuple[Endpoint, ...]:
@@ -199,6 +201,10 @@ class Director:
             safely(hook.response_streaming, d.request, response, endpoint)
 
     def response_complete(self, d: Decision, response: Response, endpoint: Endpoint) -> None:
+        """Once per decision (a second report is ignored): the hooks release what the request held."""
+        if d.completed[0]:
+            return
+        d.completed[0] = True
         if d.usage is not None:
             d.usage.finish(response)
             if response.usage is not None:

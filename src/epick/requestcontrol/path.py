@@ -68,7 +68,7 @@ class RequestPath:
         config = self.config
         cycle_state = CycleState()
         for processor in config.hooks.header_processors:
-            processor.process_request_headers(request, cycle_state)
+            safely(processor.process_request_headers, request, cycle_state)
         if not candidates:
             raise errors.no_endpoints()
         if request.priority < 0:
@@ -85,7 +85,13 @@ class RequestPath:
         if config.hooks.admitters:
             endpoints = candidates.endpoints if isinstance(candidates, Snapshot) else candidates
             for admitter in config.hooks.admitters:
-                refused = admitter.admit(request, cycle_state, endpoints)
+                try:
+                    refused = admitter.admit(request, cycle_state, endpoints)
+                except Exception:  # a failing admitter admits: it must not fail the request
+                    log.exception(
+                        "admitter %s failed; request %s admitted", admitter.typed_name, request.request_id
+                    )
+                    continue
                 if refused is not None:
                     raise RequestError(429, f"request cannot be admitted: {refused}", "not_admitted")
         start = time.perf_counter()
@@ -118,12 +124,15 @@ class RequestPath:
         endpoints = candidates.endpoints if isinstance(candidates, Snapshot) else tuple(candidates)
         kept = {id(ep) for ep in endpoints}
         for screener in self.config.hooks.screeners:
-            kept &= {id(ep) for ep in screener.screen(request, cycle_state, endpoints)}
+            try:
+                kept &= {id(ep) for ep in screener.screen(request, cycle_state, endpoints)}
+            except Exception:  # a failing screener screens nothing out
+                log.exception("screener %s failed on request %s", screener.typed_name, request.request_id)
         if len(kept) == len(endpoints):
             return candidates
         remaining = tuple(ep for ep in endpoints if id(ep) in kept)
         if not remaining:
-            raise RequestError(503, "screeners eliminated all endpoint candidates", "rejected-no-endpoints")
+            raise RequestError(503, "screeners eliminated all endpoint candidates", "screened_out")
         return remaining
 
     def _produce(

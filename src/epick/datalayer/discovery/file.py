@@ -48,7 +48,7 @@ class FileDiscoveryRunner:
             with open(self.path, "rb") as f:
                 data = f.read()
             found, errors = parse_endpoints_file(data)
-        except (OSError, EndpointsFileError) as e:
+        except (OSError, EndpointsFileError, ValueError, TypeError, RecursionError) as e:
             message = f"file-discovery: {self.path}: {e}"
             if initial:
                 raise DiscoveryError(message) from None
@@ -72,9 +72,15 @@ class FileDiscoveryRunner:
         while True:
             await asyncio.sleep(self.poll_interval)
             stamp = _stamp(self.path)
-            if stamp is not None and stamp != self._stamp:
-                log.info("file-discovery: %s changed; reloading", self.path)
+            if stamp is None or stamp == self._stamp:
+                continue
+            if stamp[1] == 0:
+                continue  # truncated by a writer mid-replace: wait for the content
+            log.info("file-discovery: %s changed; reloading", self.path)
+            try:
                 self.load(initial=False)
+            except Exception:  # the watch must outlive any file
+                log.exception("file-discovery: %s: reload failed; keeping the endpoints", self.path)
 
     async def stop(self) -> None:
         if self._task is not None:

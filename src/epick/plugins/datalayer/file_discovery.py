@@ -61,7 +61,7 @@ def parse_endpoints_file(data: bytes) -> tuple[list[FileEndpoint], list[str]]:
         doc = {}
     if not isinstance(doc, dict):
         raise EndpointsFileError("the file must be an object with an 'endpoints' list")
-    unknown = sorted(set(doc) - {"endpoints"})
+    unknown = sorted(map(str, set(doc) - {"endpoints"}))
     if unknown:
         raise EndpointsFileError(f"unknown field(s) {', '.join(map(repr, unknown))} (only 'endpoints')")
     entries = doc.get("endpoints") or []
@@ -82,7 +82,7 @@ def parse_endpoints_file(data: bytes) -> tuple[list[FileEndpoint], list[str]]:
 def _entry(entry: object) -> FileEndpoint:
     if not isinstance(entry, dict):
         raise ValueError("an entry is an object with name, address and port")
-    unknown = sorted(set(entry) - {"name", "namespace", "address", "port", "labels"})
+    unknown = sorted(map(str, set(entry) - {"name", "namespace", "address", "port", "labels"}))
     if unknown:
         raise ValueError(f"unknown field(s) {', '.join(map(repr, unknown))}")
     name = entry.get("name")

@@ -58,7 +58,8 @@ class HTTPSource(NamedPlugin):
 
     @property
     def interval(self) -> float | None:
-        return self.params.interval
+        """Seconds between polls; None (unset, or 0 as Go's zero value): the service's interval."""
+        return self.params.interval or None
 
     def target(self, endpoint: Endpoint) -> PollTarget:
         p = self.params

@@ -11,7 +11,10 @@ As upstream's (llm-d/llm-d-router, pkg/epp/framework/plugins/requestcontrol/data
 - in PreRequest it adds one request and those tokens to the first target of every profile run;
 - it releases them as the response goes: at the first chunk a `prefill` profile's share entirely and
   the other profiles' tokens (without estimated output: the prompt is computed by then); the rest when
-  the response completes, however it ends.
+  the response completes, however it ends. A request decided again (a retry on other endpoints)
+  moves its load there; one not completed within 10 minutes is released (a safety net: the front
+  ends always report completion). Requests are told apart by epick's own key, not the client's
+  x-request-id.
 `concurrency-detector` and `prefix-cache-affinity-filter` read the live counts (`load(name)`).
 `syncCrossReplicaState` is accepted; epick has no cross-replica syncer (as upstream registers none).
 """
@@ -19,7 +22,8 @@ As upstream's (llm-d/llm-d-router, pkg/epp/framework/plugins/requestcontrol/data
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pydantic import Field
@@ -39,6 +43,7 @@ from epick.plugins.prefix.scorer import PrefixMatch, resolve_producer
 from epick.plugins.registry import Handle, ParameterError, Parameters, PluginSpec
 
 TYPE = "inflight-load-producer"
+STALE_AFTER = 600.0  # seconds: a request in flight longer is taken to have ended unreported
 PREFILL_PROFILE = "prefill"
 UNCACHED_DATA_TYPE = "UncachedRequestTokensDataKey"
 
@@ -68,7 +73,8 @@ class _Counts:
 @dataclass(slots=True)
 class _Flight:
     shares: list[_Share] = field(default_factory=list)
-    started: bool = False
+    started: bool = False  # the first response chunk arrived
+    started_at: float = 0.0  # clock time of PreRequest
 
 
 class InFlightParameters(Parameters):
@@ -96,6 +102,9 @@ class InFlightLoadProducer(NamedPlugin):
         name: str | None = None,
         params: InFlightParameters | None = None,
         prefix_producer: str | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        stale_after: float = STALE_AFTER,
     ) -> None:
         super().__init__(name)
         self.params = params or InFlightParameters()
@@ -104,7 +113,9 @@ class InFlightLoadProducer(NamedPlugin):
         )
         self.key = data_key(UNCACHED_DATA_TYPE, self.name)
         self._counts: dict[str, _Counts] = {}
-        self._flights: dict[str, _Flight] = {}
+        self._flights: dict[int, _Flight] = {}  # by InferenceRequest.key
+        self._clock = clock
+        self.stale_after = stale_after
 
     # What consumers read.
     def load(self, endpoint: str) -> InFlightLoad:
@@ -151,9 +162,12 @@ class InFlightLoadProducer(NamedPlugin):
     def pre_request(
         self, request: InferenceRequest, result: SchedulingResult, cycle_state: CycleState
     ) -> None:
-        if not request.request_id or request.request_id in self._flights:
-            return
-        flight = _Flight()
+        self._sweep()
+        old = self._flights.pop(request.key, None)
+        if old is not None:  # decided again (a retry on other endpoints): the load moves there
+            for share in old.shares:
+                self._release(share, tokens=True, request=True)
+        flight = _Flight(started_at=self._clock())
         for profile, r in result.profile_results.items():
             if r is None or not r.targets:
                 continue
@@ -164,10 +178,10 @@ class InFlightLoadProducer(NamedPlugin):
             counts.tokens += tokens
             flight.shares.append(_Share(name, profile, tokens))
         if flight.shares:
-            self._flights[request.request_id] = flight
+            self._flights[request.key] = flight
 
     def response_streaming(self, request: InferenceRequest, response: Response, endpoint: Endpoint) -> None:
-        flight = self._flights.get(request.request_id)
+        flight = self._flights.get(request.key)
         if flight is None or flight.started:
             return
         flight.started = True
@@ -178,11 +192,21 @@ class InFlightLoadProducer(NamedPlugin):
                 self._release(share, tokens=True, request=False)
 
     def response_complete(self, request: InferenceRequest, response: Response, endpoint: Endpoint) -> None:
-        flight = self._flights.pop(request.request_id, None)
+        flight = self._flights.pop(request.key, None)
         if flight is None:
             return
         for share in flight.shares:
             self._release(share, tokens=True, request=True)
+
+    def _sweep(self) -> None:
+        """Release what requests older than `stale_after` still hold: a response whose end was never
+        reported must not load an endpoint for ever (upstream's plugin state goes stale the same way)."""
+        if not self._flights:
+            return
+        cutoff = self._clock() - self.stale_after
+        for key in [k for k, f in self._flights.items() if f.started_at < cutoff]:
+            for share in self._flights.pop(key).shares:
+                self._release(share, tokens=True, request=True)
 
     def _release(self, share: _Share, *, tokens: bool, request: bool) -> None:
         counts = self._counts.get(share.endpoint)
