@@ -507,3 +507,17 @@ def test_file_discovery_needs_a_path() -> None:
     found = issues("plugins:\n- type: file-discovery\ndataLayer:\n  discovery: {pluginRef: file-discovery}\n")
     assert [path for path, _ in found] == ["plugins[0].parameters.path"]
     assert "'path' parameter is required" in found[0][1]
+
+
+def test_two_core_metrics_sources_are_warned_about() -> None:
+    # A renamed metrics source under llm-d: upstream (and epick) still add the default one.
+    config = load_config_text(
+        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n"
+        "- {name: my-metrics, type: metrics-data-source, parameters: {port: 9100}}\n"
+        "- type: core-metrics-extractor\n- type: queue-scorer\n"
+        "dataLayer:\n  sources:\n  - pluginRef: my-metrics\n"
+        "    extractors: [{pluginRef: core-metrics-extractor}]\n"
+    )
+    assert len(config.data_layer.polled) == 2
+    (warning,) = [w for w in config.warnings if "feed a core-metrics extractor" in w]
+    assert "'my-metrics'" in warning and "'metrics-data-source'" in warning

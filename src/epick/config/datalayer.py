@@ -131,6 +131,14 @@ class DataLayerBuilder:
                 self.warn(
                     f"plugin {name!r} ({plugin.typed_name.type}) is not used: no {where} source lists it"
                 )
+        core = [p for p in polled if p.reads_core_metrics]
+        if len(core) > 1:
+            names = ", ".join(repr(p.source.typed_name.name) for p in core)
+            self.warn(
+                f"{where}: {len(core)} sources feed a core-metrics extractor ({names}): each one's failures "
+                "mark an endpoint unhealthy; keep one (upstream adds 'metrics-data-source' unless a source "
+                "refers to that name, or injectDefaults is false)"
+            )
         if not polled and section is not None and not injected:
             self.warn(f"{where} has no polling source: no endpoint metrics are scraped")
         # The plugin objects themselves: a reload keeps an unchanged plugin's instance and builds a
