@@ -1004,3 +1004,23 @@ async def test_a_missing_custom_metric_does_not_take_the_core_metrics_down(
         await scraper.scrape_once()
     assert ds.is_healthy("ep")
     assert ds.get("ep").metrics.waiting_queue_size == 2  # type: ignore[union-attr]
+
+
+async def test_a_reloaded_plan_drops_the_old_sources_attributes_and_health() -> None:
+    # Review finding: a source removed by a reload left its attributes, and an endpoint an old
+    # core-metrics source had marked unhealthy stayed so under a plan with no such source.
+    with_metrics = load_doc([{"type": "metrics-data-source"}, {"type": "core-metrics-extractor"}]).data_layer
+    ds = Datastore()
+    ds.upsert(EndpointSpec("ep", "127.0.0.1", free_port(), {}))
+    pool = ScraperPool(ds, interval=3600, plan=with_metrics)
+    await pool.start()
+    try:
+        ds.update_attributes("ep", {"GPUUtilization/dcgm-extractor": 0.5})
+        ds.set_healthy("ep", False)
+        bare = load_doc([], data_layer={"injectDefaults": False}).data_layer
+        pool.set_plan(bare)
+        endpoint = ds.get("ep")
+        assert endpoint is not None and dict(endpoint.attributes) == {}
+        assert ds.is_healthy("ep")
+    finally:
+        await pool.stop()

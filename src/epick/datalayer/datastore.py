@@ -111,6 +111,14 @@ class Datastore:
         self._endpoints[name] = current.with_attributes(merged)
         self._snapshot = None
 
+    def clear_attributes(self, name: str) -> None:
+        """Drop every attribute of the endpoint (a new data-layer plan fills them again)."""
+        current = self._endpoints.get(name)
+        if current is None or not current.attributes:
+            return
+        self._endpoints[name] = current.with_attributes({})
+        self._snapshot = None
+
     def set_healthy(self, name: str, healthy: bool) -> None:
         """An unhealthy endpoint (unreachable, failing scrapes) is left out of snapshots until it recovers."""
         if name not in self._endpoints or healthy == (name not in self._unhealthy):

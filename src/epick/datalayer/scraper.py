@@ -225,6 +225,11 @@ class ScraperPool:
         self.plan = plan
         if changed and self._started:
             for spec in self.datastore.specs():
+                # What the old plan's sources set goes; the new plan's sources set it again. Without a
+                # core-metrics source no scrape can make an endpoint healthy again: it is healthy.
+                self.datastore.clear_attributes(spec.name)
+                if not plan.scrapes_core_metrics:
+                    self.datastore.set_healthy(spec.name, True)
                 self._changed(spec.name, spec)
 
     def scraper(self, name: str) -> Scraper | None:
