@@ -438,3 +438,26 @@ async def test_stop_without_start_is_harmless(tmp_path: Path) -> None:
     await runner.start()
     await runner.stop()
     await runner.stop()
+
+
+async def test_a_reload_that_points_discovery_at_another_file_follows_it(tmp_path: Path) -> None:
+    config = serve_config(tmp_path, 'endpoints:\n- {name: old-0, address: 10.0.0.1, port: "8000"}\n')
+    other = tmp_path / "other.yaml"
+    other.write_text('endpoints:\n- {name: new-0, address: 10.0.0.2, port: "8000"}\n')
+    service = Service(ServeOptions(config_file=config, proxy=None, metrics_port=None))
+    await service.start()
+    try:
+        assert set(by_name(service.datastore)) == {"old-0"}
+        text = Path(config).read_text().replace(str(tmp_path / "endpoints.yaml"), str(other))
+        Path(config).write_text(text)
+        assert service.reload()
+        await wait_until(
+            lambda: set(by_name(service.datastore)) == {"new-0"}, what="the new file's endpoints"
+        )
+        assert isinstance(service.discovery, FileDiscoveryRunner) and service.discovery.path == str(other)
+        # Reloading the same config keeps the running discovery.
+        running = service.discovery
+        assert service.reload()
+        assert service.discovery is running
+    finally:
+        await service.stop()

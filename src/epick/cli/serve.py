@@ -312,6 +312,7 @@ class Service:
         )
         self.extproc = ExtProcServer(self.director, options.extproc) if options.extproc else None
         self._metrics_runner: web.AppRunner | None = None
+        self._background: set[asyncio.Task[None]] = set()
         self.discovery: KubernetesDiscovery | FileDiscoveryRunner | None = None
         k8s = options.kubernetes
         configured = self.config.data_layer.discovery
@@ -391,10 +392,39 @@ class Service:
             return False
         self.director.replace_config(self._prepare(fresh))
         self.scrapers.set_plan(fresh.data_layer)
+        self._reload_discovery(fresh)
         self._file_rewrites = file_rewrites
         self.director.rewrites = self._rewrites()
         log.info("config reloaded from %s", self.options.config_file or "<default config>")
         return True
+
+    def _reload_discovery(self, fresh: LoadedConfig) -> None:
+        """A file discovery the reloaded config configures differently replaces the running one."""
+        running, wanted = self.discovery, fresh.data_layer.discovery
+        if not isinstance(running, FileDiscoveryRunner):
+            if wanted is not None:
+                log.warning("dataLayer.discovery is ignored: endpoints come from the command line")
+            return
+        if wanted is None:
+            log.warning("dataLayer.discovery was removed; the running file discovery stays until a restart")
+            return
+        if wanted is running.plugin:
+            return  # kept by the reload: unchanged
+        replacement = FileDiscoveryRunner(self.datastore, wanted)
+        self.discovery = replacement
+
+        async def swap() -> None:
+            await running.stop()
+            await replacement.start(initial=False)
+            log.info("file discovery now reads %s", replacement.source)
+
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not serving yet: start() starts the replacement
+            return
+        task = loop.create_task(swap(), name="file discovery reload")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def start(self) -> None:
         if self.discovery is not None:

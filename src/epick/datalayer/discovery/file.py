@@ -63,8 +63,10 @@ class FileDiscoveryRunner:
                 raise DiscoveryError(f"{message} (initial load failed)")
             log.error("%s (skipped)", message)
 
-    async def start(self) -> None:
-        self.load(initial=True)
+    async def start(self, *, initial: bool = True) -> None:
+        """Load the file (the first load must be clean; a later runner's, after a reload, keeps the
+        endpoints when the file is bad) and watch it if asked."""
+        self.load(initial=initial)
         if self.plugin.watch_file:
             self._task = asyncio.create_task(self._watch(), name=f"watch {self.path}")
 
