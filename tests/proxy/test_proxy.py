@@ -257,6 +257,8 @@ async def test_control_headers_are_not_forwarded(
         "x-gateway-inference-fairness-id": "tenant-a",
         "x-gateway-model-name-rewrite": "other-model",
         "x-prefiller-host-port": "10.9.9.9:80",  # a client must not point decode at a host
+        "x-encoder-hosts-ports": "10.9.9.9:80",  # nor at an encoder
+        "x-data-parallel-host-port": "10.9.9.9:80",  # nor at a data-parallel rank
         "Connection": "x-dropped",  # names a hop-by-hop header
         "x-dropped": "1",
         "x-request-id": "req-42",
@@ -271,6 +273,7 @@ async def test_control_headers_are_not_forwarded(
     seen = {k.lower(): v for k, v in echo["headers"].items()}
     assert not any(k.startswith("x-gateway-") for k in seen)
     assert "x-prefiller-host-port" not in seen and "x-dropped" not in seen
+    assert "x-encoder-hosts-ports" not in seen and "x-data-parallel-host-port" not in seen
     assert "x-hop" not in r.headers  # the model server's Connection-named header stops here too
     assert seen["x-request-id"] == "req-42"
     assert seen["authorization"] == "Bearer secret" and seen["x-custom"] == "kept"
