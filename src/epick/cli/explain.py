@@ -21,6 +21,7 @@ from epick.framework import (
     SchedulingResult,
 )
 from epick.framework.trace import ProfileTrace
+from epick.requestcontrol.path import RequestPath
 
 
 @dataclass(slots=True)
@@ -69,20 +70,11 @@ def prepare(
     config: LoadedConfig, request: InferenceRequest, endpoints: list[Endpoint]
 ) -> tuple[list[Endpoint], CycleState]:
     """What the request path does before scheduling, without admission: the request-header
-    processors, the screeners (the candidates every one keeps) and the data producers (in order; the
-    first that fails ends the phase)."""
-    cycle_state = CycleState()
-    for processor in config.hooks.header_processors:
-        processor.process_request_headers(request, cycle_state)
-    kept = list(endpoints)
-    for screener in config.hooks.screeners:
-        allowed = {id(ep) for ep in screener.screen(request, cycle_state, endpoints)}
-        kept = [ep for ep in kept if id(ep) in allowed]
-    for producer in config.hooks.producers:
-        try:
-            producer.produce(request, cycle_state, kept)
-        except Exception:
-            break
+    processors, the screeners (the candidates every one keeps) and the data producers."""
+    path = RequestPath(config)
+    cycle_state = path.read_headers(request)
+    kept = list(path.screen(request, cycle_state, endpoints))
+    path.produce(request, cycle_state, kept)
     return kept, cycle_state
 
 

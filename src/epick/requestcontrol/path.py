@@ -66,9 +66,7 @@ class RequestPath:
         will sit between admission and scheduling.
         """
         config = self.config
-        cycle_state = CycleState()
-        for processor in config.hooks.header_processors:
-            safely(processor.process_request_headers, request, cycle_state)
+        cycle_state = self.read_headers(request)
         if not candidates:
             raise errors.no_endpoints()
         if request.priority < 0:
@@ -79,9 +77,11 @@ class RequestPath:
                     f"pool saturated ({saturation:.2f}); sheddable request (priority {request.priority})"
                 )
         if config.hooks.screeners:
-            candidates = self._screen(request, cycle_state, candidates)
+            candidates = self.screen(request, cycle_state, candidates)
+            if not candidates:
+                raise RequestError(503, "screeners eliminated all endpoint candidates", "screened_out")
         if config.hooks.producers:
-            self._produce(request, cycle_state, candidates)
+            self.produce(request, cycle_state, candidates)
         if config.hooks.admitters:
             endpoints = candidates.endpoints if isinstance(candidates, Snapshot) else candidates
             for admitter in config.hooks.admitters:
@@ -117,10 +117,17 @@ class RequestPath:
             )
         return result
 
-    def _screen(
+    def read_headers(self, request: InferenceRequest) -> CycleState:
+        """A fresh cycle state holding what the request-header processors found."""
+        cycle_state = CycleState()
+        for processor in self.config.hooks.header_processors:
+            safely(processor.process_request_headers, request, cycle_state)
+        return cycle_state
+
+    def screen(
         self, request: InferenceRequest, cycle_state: CycleState, candidates: Snapshot | Sequence[Endpoint]
     ) -> Snapshot | Sequence[Endpoint]:
-        """The candidates every screener kept, in their order; none kept: 503."""
+        """The candidates every screener kept, in their order (possibly none)."""
         endpoints = candidates.endpoints if isinstance(candidates, Snapshot) else tuple(candidates)
         kept = {id(ep) for ep in endpoints}
         for screener in self.config.hooks.screeners:
@@ -130,12 +137,9 @@ class RequestPath:
                 log.exception("screener %s failed on request %s", screener.typed_name, request.request_id)
         if len(kept) == len(endpoints):
             return candidates
-        remaining = tuple(ep for ep in endpoints if id(ep) in kept)
-        if not remaining:
-            raise RequestError(503, "screeners eliminated all endpoint candidates", "screened_out")
-        return remaining
+        return tuple(ep for ep in endpoints if id(ep) in kept)
 
-    def _produce(
+    def produce(
         self, request: InferenceRequest, cycle_state: CycleState, candidates: Snapshot | Sequence[Endpoint]
     ) -> None:
         """Run the data producers in order; the first that fails ends the phase (upstream's rule), and

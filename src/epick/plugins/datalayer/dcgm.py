@@ -10,6 +10,7 @@ busiest GPU, 0..1), which `endpoint-attribute-filter`/`-scorer` read with `produ
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from pydantic import Field, model_validator
@@ -48,16 +49,7 @@ class DcgmDataSource(HTTPSource):
     def target(self, endpoint: Endpoint) -> PollTarget:
         target = super().target(endpoint)
         if self.use_node_address and endpoint.node_address:
-            return PollTarget(
-                target.scheme,
-                endpoint.node_address,
-                target.port,
-                target.path,
-                target.insecure_skip_verify,
-                target.ca_cert_path,
-                target.client_cert_path,
-                target.client_key_path,
-            )
+            return dataclasses.replace(target, host=endpoint.node_address)
         return target
 
 

@@ -201,11 +201,15 @@ class InFlightLoadProducer(NamedPlugin):
     def _sweep(self) -> None:
         """Release what requests older than `stale_after` still hold: a response whose end was never
         reported must not load an endpoint for ever (upstream's plugin state goes stale the same way)."""
-        if not self._flights:
-            return
         cutoff = self._clock() - self.stale_after
-        for key in [k for k, f in self._flights.items() if f.started_at < cutoff]:
-            for share in self._flights.pop(key).shares:
+        # Flights are kept in the order they started (a retry re-enters at the end): the stale ones
+        # are at the front, so this looks at one flight per request in the common case.
+        while self._flights:
+            key, flight = next(iter(self._flights.items()))
+            if flight.started_at >= cutoff:
+                return
+            del self._flights[key]
+            for share in flight.shares:
                 self._release(share, tokens=True, request=True)
 
     def _release(self, share: _Share, *, tokens: bool, request: bool) -> None:

@@ -12,6 +12,7 @@ upstream, keeps port 0). Upstream marks the type deprecated in favour of the pla
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 from pydantic import Field
@@ -38,16 +39,7 @@ class DataParallelParameters(Parameters):
 
 
 def on_port(endpoint: Endpoint, port: int) -> Endpoint:
-    return Endpoint(
-        endpoint.name,
-        endpoint.address,
-        port,
-        endpoint.labels,
-        endpoint.metrics,
-        endpoint.attributes,
-        endpoint.pod_name,
-        endpoint.node_address,
-    )
+    return dataclasses.replace(endpoint, port=port)
 
 
 class DataParallelProfileHandler(NamedPlugin):
