@@ -109,3 +109,34 @@ class Registry:
     def __iter__(self) -> Iterator[PluginSpec]:
         """Each type once."""
         return iter(self._specs.values())
+
+
+def producer_for(
+    handle: Handle,
+    named: str,
+    default: str,
+    parameter: str,
+    *,
+    accepts: Callable[[Plugin], bool],
+    what: str,
+    produces: str,
+    fix: str,
+) -> Plugin | None:
+    """The data producer a consumer reads: the one its parameter `named` names (a `ParameterError` at
+    `parameter` when the config has none of that name, or it produces something else), else the
+    config's plugin named `default` if it is one, else None."""
+    name = named or default
+    try:
+        plugin = handle.plugin(name)
+    except LookupError as e:
+        if not named:
+            return None
+        hint = e.args[1] if len(e.args) > 1 else ""
+        raise ParameterError(parameter, f"no {what} named {name!r} in this config", str(hint)) from None
+    if not accepts(plugin):
+        if not named:
+            return None
+        raise ParameterError(
+            parameter, f"plugin {name!r} ({plugin.typed_name.type}) does not produce {produces}", fix
+        )
+    return plugin

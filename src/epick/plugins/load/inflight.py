@@ -40,7 +40,7 @@ from epick.framework import (
 from epick.framework.datalayer import data_key
 from epick.framework.request import CHARS_PER_TOKEN
 from epick.plugins.prefix.scorer import PrefixMatch, resolve_producer
-from epick.plugins.registry import Handle, ParameterError, Parameters, PluginSpec
+from epick.plugins.registry import Handle, Parameters, PluginSpec, producer_for
 
 TYPE = "inflight-load-producer"
 STALE_AFTER = 600.0  # seconds: a request in flight longer is taken to have ended unreported
@@ -240,22 +240,15 @@ SPEC = PluginSpec(
 def resolve_inflight(handle: Handle, producer_name: str, parameter: str) -> InFlightLoadProducer | None:
     """The in-flight producer a consumer reads: the one named (an error if missing or of another type),
     else the config's `inflight-load-producer` if it has one, else None."""
-    name = producer_name or TYPE
-    try:
-        plugin = handle.plugin(name)
-    except LookupError as e:
-        if not producer_name:
-            return None
-        hint = e.args[1] if len(e.args) > 1 else ""
-        raise ParameterError(
-            parameter, f"no in-flight load producer named {name!r} in this config", str(hint)
-        ) from None
-    if not isinstance(plugin, InFlightLoadProducer):
-        if not producer_name:
-            return None
-        raise ParameterError(
-            parameter,
-            f"plugin {name!r} ({plugin.typed_name.type}) does not produce in-flight load",
-            f"name a plugin of type {TYPE}",
-        )
+    plugin = producer_for(
+        handle,
+        producer_name,
+        TYPE,
+        parameter,
+        accepts=lambda p: isinstance(p, InFlightLoadProducer),
+        what="in-flight load producer",
+        produces="in-flight load",
+        fix=f"name a plugin of type {TYPE}",
+    )
+    assert plugin is None or isinstance(plugin, InFlightLoadProducer)
     return plugin

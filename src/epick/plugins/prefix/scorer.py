@@ -36,7 +36,7 @@ from epick.framework.datalayer import data_key
 from epick.framework.request import CHARS_PER_TOKEN
 from epick.plugins.prefix.hashing import prompt_block_hashes
 from epick.plugins.prefix.index import PrefixIndex
-from epick.plugins.registry import Handle, ParameterError, Parameters, PluginSpec
+from epick.plugins.registry import Handle, Parameters, PluginSpec, producer_for
 
 TYPE = "prefix-cache-scorer"
 MATCH_DATA_TYPE = "PrefixCacheMatchInfoDataKey"  # upstream's data type of a prefix-match producer's output
@@ -212,26 +212,17 @@ def resolve_producer(handle: Handle, producer_name: str, parameter: str) -> str 
     """The prefix-match producer a consumer reads: the one `producer_name` names (an error if the config
     has no such producer), else the config's `approx-prefix-cache-producer` if it has one, else None
     (the consumer keeps its own index: what upstream's auto-created default producer would do)."""
-    if producer_name:
-        try:
-            plugin = handle.plugin(producer_name)
-        except LookupError as e:
-            hint = e.args[1] if len(e.args) > 1 else ""
-            raise ParameterError(
-                parameter, f"no prefix-match producer named {producer_name!r} in this config", str(hint)
-            ) from None
-        if plugin.typed_name.type not in MATCH_PRODUCER_TYPES:
-            raise ParameterError(
-                parameter,
-                f"plugin {producer_name!r} ({plugin.typed_name.type}) does not produce prefix-match data",
-                f"name a plugin of type {' or '.join(MATCH_PRODUCER_TYPES)}",
-            )
-        return producer_name
-    try:
-        plugin = handle.plugin(DEFAULT_PRODUCER)
-    except LookupError:
-        return None
-    return DEFAULT_PRODUCER if plugin.typed_name.type in MATCH_PRODUCER_TYPES else None
+    plugin = producer_for(
+        handle,
+        producer_name,
+        DEFAULT_PRODUCER,
+        parameter,
+        accepts=lambda p: p.typed_name.type in MATCH_PRODUCER_TYPES,
+        what="prefix-match producer",
+        produces="prefix-match data",
+        fix=f"name a plugin of type {' or '.join(MATCH_PRODUCER_TYPES)}",
+    )
+    return plugin.typed_name.name if plugin is not None else None
 
 
 def _factory(name: str, params: PrefixCacheParameters, handle: Handle) -> PrefixCacheScorer:
