@@ -71,13 +71,16 @@ def test_all_shipped_configs_at_once(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_warnings_are_printed_for_good_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = write(tmp_path, "c.yaml", HEADER + "flowControl: {}\nfeatureGates: [flowControl]\n")
+    path = write(
+        tmp_path, "c.yaml", HEADER + "requestControl: {}\nfeatureGates: [haPopulateNonLeaderDatastore]\n"
+    )
     assert main(["check-config", str(path)]) == 0
     out, _ = capsys.readouterr()
     warnings = [line for line in out.splitlines() if line.startswith("  warning: ")]
     assert len(warnings) == 2
     assert any(
-        w.startswith("  warning: feature gate 'flowControl' is accepted but not used") for w in warnings
+        w.startswith("  warning: feature gate 'haPopulateNonLeaderDatastore' is accepted but not used")
+        for w in warnings
     )
 
 
@@ -136,7 +139,7 @@ def test_plugins_lists_all_in_tree_types(capsys: pytest.CaptureFixture[str]) -> 
     listed = [line.split()[0] for line in out.splitlines()]
     in_tree = [spec.type for spec in in_tree_plugins()]
     aliases = [alias for spec in in_tree_plugins() for alias in spec.aliases]
-    assert (len(in_tree), len(aliases)) == (69, 7)
+    assert (len(in_tree), len(aliases)) == (80, 7)
     assert set(in_tree) <= set(listed)
     # Exactly the registered types (in-tree plus any installed out-of-tree ones), each once, with
     # their aliases on their line.

@@ -561,26 +561,32 @@ def test_saturation_detector_plugin_ref_form() -> None:
 def test_ignored_sections_produce_warnings() -> None:
     config = load(
         """\
-        flowControl: {}
         requestControl: {}
-        featureGates: [flowControl]
+        featureGates: [haPopulateNonLeaderDatastore]
         """
     )
-    assert len(config.warnings) == 3
+    assert len(config.warnings) == 2
     assert all("accepted but not used" in w for w in config.warnings)
-    assert sum(w.startswith("section ") for w in config.warnings) == 2
+    assert sum(w.startswith("section 'requestControl'") for w in config.warnings) == 1
     # Feature gates: upstream's known ones only (an unknown one fails; tests/config/test_upstream.py).
-    assert (
-        sum(w.startswith("feature gate 'flowControl' is accepted but not used") for w in config.warnings) == 1
-    )
+    assert sum(w.startswith("feature gate 'haPopulateNonLeaderDatastore'") for w in config.warnings) == 1
     # The loaded config still works.
     assert list(config.scheduler.profiles) == ["default"]
+
+
+def test_a_flow_control_section_without_its_gate_is_ignored_with_a_warning() -> None:
+    config = load("flowControl: {defaultRequestTTL: 5s}\n")
+    assert config.flow_control is None
+    assert config.warnings == [
+        "section 'flowControl' is ignored but for its saturationDetector: the 'flowControl' feature gate "
+        "is off (add it to featureGates to queue requests instead of shedding them)"
+    ]
 
 
 def test_ignored_section_warnings_name_the_yaml_keys() -> None:
     config = load("flowControl: {}\nrequestControl: {}\n")
     text = "\n".join(config.warnings)
-    for key in ("flowControl", "requestControl"):
+    for key in ("requestControl",):
         assert f"'{key}'" in text
 
 

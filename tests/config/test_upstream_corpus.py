@@ -26,25 +26,13 @@ from tests.builders import make_endpoint
 CORPUS = Path(__file__).parent / "upstream"
 FILES = sorted(CORPUS.glob("*/*.yaml"))
 
-# Types each issue still has to bring (issue 13: tokenizer and precise prefix cache; 14: flow control;
+# Types each issue still has to bring (issue 13: tokenizer and precise prefix cache;
 # 16: predicted latency), and types no issue has taken yet.
 TOKENS = {"token-producer", "tokenizer"}
 PRECISE = {"precise-prefix-cache-producer", "precise-prefix-cache-scorer"}
 LATENCY = {"predicted-latency-producer", "latency-scorer", "latency-slo-admitter", "slo-headroom-tier-filter"}
-FLOW = {
-    "fcfs-ordering-policy",
-    "global-strict-fairness-policy",
-    "round-robin-fairness-policy",
-    "program-aware-fairness",
-    "soft-reflective-ceiling-policy",
-}
 PENDING: dict[str, set[str]] = {
     "gie-v1.5.0/chart-latency-predictor.yaml": set(LATENCY),
-    "gie-v1.5.0/loader-successComplexFlowControlConfigText.yaml": {
-        "fcfs-ordering-policy",
-        "global-strict-fairness-policy",
-    },
-    "llm-d-guides/flow-control.yaml": {"fcfs-ordering-policy", "round-robin-fairness-policy"},
     "llm-d-guides/multimodal-serving-aggregation.yaml": {"token-producer"},
     "llm-d-guides/multimodal-serving-e-p-d-disaggregation.yaml": {"token-producer"},
     "llm-d-guides/precise-prefix-cache-routing.yaml": {"token-producer"} | {"precise-prefix-cache-producer"},
@@ -75,8 +63,6 @@ PENDING: dict[str, set[str]] = {
     "llm-d-router/deploy-sim-epp-no-hit-lru.yaml": {"precise-prefix-cache-producer"},
     "llm-d-router/deploy-sim-epp-tokenizer-vllm-http-config.yaml": {"token-producer"}
     | {"precise-prefix-cache-producer"},
-    "llm-d-router/deploy-sim-program-aware-config.yaml": {"program-aware-fairness"},
-    "llm-d-router/deploy-soft-reflective-ceiling-epp-config.yaml": {"soft-reflective-ceiling-policy"},
     "llm-d-router/docs-architecture-precise-prefix.yaml": {"precise-prefix-cache-producer"},
     "llm-d-router/plugins-readme-multicluster.yaml": {
         "multicluster-file-discovery",

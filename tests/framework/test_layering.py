@@ -9,7 +9,17 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "epick"
-LAYERS = ["framework", "plugins", "config", "datalayer", "requestcontrol", "extproc", "proxy", "cli"]
+LAYERS = [
+    "framework",
+    "plugins",
+    "flowcontrol",
+    "config",
+    "datalayer",
+    "requestcontrol",
+    "extproc",
+    "proxy",
+    "cli",
+]
 FORBIDDEN_IN_FRAMEWORK = {
     "asyncio",
     "aiohttp",
@@ -32,8 +42,13 @@ def imports(path: Path) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("path", sorted((SRC / "framework").rglob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    sorted([*(SRC / "framework").rglob("*.py"), *(SRC / "flowcontrol").rglob("*.py")]),
+    ids=lambda p: str(p.relative_to(SRC)),
+)
 def test_framework_has_no_io_imports(path: Path) -> None:
+    """The framework and the flow controller (which the fleet simulator runs in virtual time)."""
     bad = {m for m in imports(path) if m.split(".")[0] in FORBIDDEN_IN_FRAMEWORK}
     assert not bad, f"{path.name} imports {bad}"
 
@@ -59,9 +74,15 @@ def test_the_simulated_server_stands_alone(path: Path) -> None:
     assert not bad, f"{path.relative_to(SRC)} imports {bad}"
 
 
-# The router's public API, as the fleet simulator may use it: the framework's types, configs, and the
-# request path that every front end runs.
-PUBLIC_API = {"epick.framework", "epick.config", "epick.requestcontrol.path", "epick.requestcontrol.errors"}
+# The router's public API, as the fleet simulator may use it: the framework's types, configs, the
+# request path that every front end runs, and the flow controller the service runs in front of it.
+PUBLIC_API = {
+    "epick.framework",
+    "epick.config",
+    "epick.flowcontrol",
+    "epick.requestcontrol.path",
+    "epick.requestcontrol.errors",
+}
 
 
 @pytest.mark.parametrize(

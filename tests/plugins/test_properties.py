@@ -219,6 +219,7 @@ REQUIRED_PARAMETERS = {
     "decision-tree": _TREE,
     "k8s-notification-source": {"version": "v1", "kind": "Pod"},
     "file-discovery": {"path": "endpoints.yaml"},
+    "priority-holdback-policy": {"minCeiling": 0.4},
 }
 
 

@@ -302,6 +302,7 @@ class Service:
             objectives=dict(options.objectives),
             known_models=self.catalog.known,
             observer=self.metrics,
+            flow_observer=self.metrics.flow,
             rewrites=self._rewrites(),
             health=self.health,
         )

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from epick.config.datalayer import DataLayerPlan
+from epick.flowcontrol import FlowControlSettings
 from epick.framework import (
     Admitter,
     DataProducer,
@@ -69,6 +70,7 @@ class LoadedConfig:
     parsers: ParserSet
     warnings: list[str]
     data_layer: DataLayerPlan = field(default_factory=DataLayerPlan)
+    flow_control: FlowControlSettings | None = None  # None: the flowControl gate is off
     # Per plugin: its type and parameters as built, and the plugins its factory used (for a reload
     # that keeps the instances whose configuration did not change: `load_config(previous=)`).
     fingerprints: dict[str, str] = field(default_factory=dict)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,10 @@ from epick.config.loaded import LoadedConfig, RequestHooks
 from epick.config.schema import (
     IGNORED_SECTIONS,
     EndpointPickerConfigFile,
+    FlowControlSection,
     PluginEntry,
     PluginRef,
+    PriorityBandSection,
     ProfileEntry,
     split_feature_gate,
 )
@@ -47,6 +50,12 @@ from epick.config.upstream import (
     feature_gate,
     retired_feature_gate,
     upstream_type,
+)
+from epick.flowcontrol import BandSettings, FlowControlSettings
+from epick.flowcontrol.settings import (
+    DEFAULT_BAND_MAX_BYTES,
+    DEFAULT_BAND_MAX_REQUESTS,
+    DEFAULT_REQUEST_TTL,
 )
 from epick.framework import (
     Filter,
@@ -61,12 +70,19 @@ from epick.framework import (
     Scorer,
     WeightedScorer,
 )
+from epick.framework.flowcontrol import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
 from epick.plugins.filters.utilization import UtilizationDetector, UtilizationParameters
 from epick.plugins.parsers import PARSER_TYPES
 from epick.plugins.prerequest.prefill_header import PrefillHeaderHandler
 from epick.plugins.profile.disagg import DisaggProfileHandler
 from epick.plugins.profile.requirements import NeedsProfiles
 from epick.plugins.registry import ParameterError, Registry
+
+FLOW_CONTROL_GATE = "flowControl"
+# Upstream's default policies, resolved by name (llm-d/llm-d-router, pkg/epp/flowcontrol/registry/config.go).
+DEFAULT_ORDERING_POLICY = "fcfs-ordering-policy"
+DEFAULT_FAIRNESS_POLICY = "global-strict-fairness-policy"
+DEFAULT_USAGE_LIMIT_POLICY = "static-usage-limit-policy"
 
 
 def load_config(
@@ -245,6 +261,7 @@ class _Builder:
         self.check()
         profiles, handler = self._assemble()
         detector = self._saturation_detector()
+        flow_control = self._flow_control()
         parsers = self._parsers()
         data_layer = DataLayerBuilder(
             self.doc, self.instances, self.fail, self.warnings.append, self._default_instance
@@ -259,6 +276,7 @@ class _Builder:
             plugins=dict(self.instances),
             hooks=RequestHooks.from_plugins(plugins),
             saturation_detector=detector,
+            flow_control=flow_control,
             parsers=parsers,
             data_layer=data_layer,
             warnings=self.warnings,
@@ -365,6 +383,8 @@ class _Builder:
                 continue
             gate = feature_gate(name)
             assert gate is not None
+            if name == FLOW_CONTROL_GATE:
+                continue  # acted on: see _flow_control
             default = "on" if gate.enabled_by_default else "off"
             self.warnings.append(
                 f"feature gate {entry!r} is accepted but not used: epick does not act on it "
@@ -709,20 +729,171 @@ class _Builder:
     def _parser_types(self) -> list[str]:
         return [t for t in PARSER_TYPES if t in self.registry]
 
+    def _flow_control_enabled(self) -> bool:
+        enabled = False
+        for entry in self.doc.feature_gates:
+            name, value = split_feature_gate(entry)
+            if name == FLOW_CONTROL_GATE:
+                enabled = value
+        return enabled
+
+    def _flow_control(self) -> FlowControlSettings | None:
+        """The flow-control layer's settings when the `flowControl` gate is on (None: off)."""
+        section = self.doc.flow_control
+        if not self._flow_control_enabled():
+            if section is not None:
+                self.warnings.append(
+                    "section 'flowControl' is ignored but for its saturationDetector: the 'flowControl' "
+                    "feature gate is off (add it to featureGates to queue requests instead of shedding them)"
+                )
+            return None
+        section = section or FlowControlSection()
+        ordering = self._ordering(DEFAULT_ORDERING_POLICY, "flowControl", default=True)
+        fairness = self._fairness(DEFAULT_FAIRNESS_POLICY, "flowControl", default=True)
+        ref = section.usage_limit_policy_plugin_ref
+        usage_limit = self._usage_limit(
+            ref or DEFAULT_USAGE_LIMIT_POLICY, "flowControl.usageLimitPolicyPluginRef", default=not ref
+        )
+        if ordering is None or fairness is None:
+            return None
+        defaults = BandSettings(0, ordering, fairness)
+
+        def band(entry: PriorityBandSection, path: str, priority: int) -> BandSettings | None:
+            b_ordering: OrderingPolicy | None = ordering
+            b_fairness: FairnessPolicy | None = fairness
+            if entry.ordering_policy_ref:
+                b_ordering = self._ordering(entry.ordering_policy_ref, f"{path}.orderingPolicyRef")
+            if entry.fairness_policy_ref:
+                b_fairness = self._fairness(entry.fairness_policy_ref, f"{path}.fairnessPolicyRef")
+            limits = {}
+            for key, value in (("maxBytes", entry.max_bytes), ("maxRequests", entry.max_requests)):
+                if value is not None and value < 0:
+                    self.fail(f"{path}.{key}", f"must be non-negative, got {value}", "use 0 for the default")
+                limits[key] = max(value or 0, 0)
+            if b_ordering is None or b_fairness is None:
+                return None
+            return BandSettings(
+                priority,
+                b_ordering,
+                b_fairness,
+                max_bytes=limits["maxBytes"] or DEFAULT_BAND_MAX_BYTES,
+                max_requests=limits["maxRequests"] or DEFAULT_BAND_MAX_REQUESTS,
+            )
+
+        default_band = defaults
+        if section.default_priority_band is not None:
+            default_band = (
+                band(section.default_priority_band, "flowControl.defaultPriorityBand", 0) or defaults
+            )
+        negative = None
+        if section.default_negative_priority_band is not None:
+            negative = band(
+                section.default_negative_priority_band, "flowControl.defaultNegativePriorityBand", -1
+            )
+        bands: dict[int, BandSettings] = {}
+        for i, entry in enumerate(section.priority_bands):
+            path = f"flowControl.priorityBands[{i}]"
+            if entry.priority in bands:
+                self.fail(
+                    f"{path}.priority",
+                    f"duplicate priority level {entry.priority}",
+                    "configure each priority once",
+                )
+                continue
+            built = band(entry, path, entry.priority)
+            if built is not None:
+                bands[entry.priority] = built
+        if 0 not in bands:  # the fallback band always exists, from the default template
+            bands[0] = replace(default_band, priority=0)
+        for key, value in (("maxBytes", section.max_bytes), ("maxRequests", section.max_requests)):
+            if value is not None and value < 0:
+                self.fail(
+                    f"flowControl.{key}", f"must be non-negative, got {value}", "use 0 for no global limit"
+                )
+        if usage_limit is None:
+            return None  # reported; the bands were still checked
+        ttl = section.default_request_ttl
+        no_endpoint_ttl = section.no_endpoint_request_ttl
+        if no_endpoint_ttl is None:
+            no_endpoint_ttl = ttl  # follows defaultRequestTTL unless split on purpose
+        return FlowControlSettings(
+            bands=bands,
+            default_band=default_band,
+            usage_limit=usage_limit,
+            default_negative_band=negative,
+            max_bytes=max(section.max_bytes or 0, 0),
+            max_requests=max(section.max_requests or 0, 0),
+            default_request_ttl=DEFAULT_REQUEST_TTL if ttl is None else ttl,
+            no_endpoint_request_ttl=DEFAULT_REQUEST_TTL if no_endpoint_ttl is None else no_endpoint_ttl,
+            enable_eviction=section.enable_eviction,
+        )
+
+    def _flow_ref(self, ref: str, path: str, default: bool) -> Plugin | None:
+        """The plugin `ref` names; a default reference (upstream's default policies, by type name)
+        the config does not define is made with default parameters."""
+        found = self.instances.get(ref)
+        if found is None and default and ref not in self.entries:
+            found = self._default_instance(ref)
+        if found is None and ref not in self.entries:  # (one that failed to build has its own error)
+            close = did_you_mean(ref, self.entries)
+            self.fail(
+                path,
+                f"refers to undefined plugin {ref!r}",
+                f"did you mean '{close}'?" if close else f"define a plugin named {ref!r} under 'plugins'",
+            )
+        return found
+
+    def _wrong_kind(self, path: str, ref: str, plugin: Plugin, kind: str) -> None:
+        self.fail(
+            path,
+            f"plugin {ref!r} ({plugin.typed_name.type}) is not a flow-control {kind}",
+            f"refer to a {kind} plugin",
+        )
+
+    def _ordering(self, ref: str, path: str, *, default: bool = False) -> OrderingPolicy | None:
+        found = self._flow_ref(ref, path, default)
+        if found is None or isinstance(found, OrderingPolicy):
+            return found
+        self._wrong_kind(path, ref, found, "ordering policy")
+        return None
+
+    def _fairness(self, ref: str, path: str, *, default: bool = False) -> FairnessPolicy | None:
+        found = self._flow_ref(ref, path, default)
+        if found is None or isinstance(found, FairnessPolicy):
+            return found
+        self._wrong_kind(path, ref, found, "fairness policy")
+        return None
+
+    def _usage_limit(self, ref: str, path: str, *, default: bool = False) -> UsageLimitPolicy | None:
+        found = self._flow_ref(ref, path, default)
+        if found is None or isinstance(found, UsageLimitPolicy):
+            return found
+        self._wrong_kind(path, ref, found, "usage-limit policy")
+        return None
+
     def _saturation_detector(self) -> SaturationDetector:
         section = self.doc.saturation_detector
+        path = "saturationDetector"
+        if self.doc.flow_control is not None and self.doc.flow_control.saturation_detector is not None:
+            if section is not None:
+                self.warnings.append(
+                    "'saturationDetector' is deprecated upstream and overridden by "
+                    "'flowControl.saturationDetector', which is used"
+                )
+            section = self.doc.flow_control.saturation_detector
+            path = "flowControl.saturationDetector"
         detectors = [(n, p) for n, p in self.instances.items() if isinstance(p, UtilizationDetector)]
         if section is not None and section.plugin_ref is not None:
             if section.queue_depth_threshold is not None or section.kv_cache_util_threshold is not None:
                 self.fail(
-                    "saturationDetector",
+                    path,
                     "give either 'pluginRef' or thresholds, not both",
                     "move the thresholds into the referenced plugin's parameters",
                 )
             found = self.instances.get(section.plugin_ref)
             if not isinstance(found, SaturationDetector):
                 self.fail(
-                    "saturationDetector.pluginRef",
+                    f"{path}.pluginRef",
                     f"{section.plugin_ref!r} is not a saturation detector plugin of this config",
                     "define a utilization-detector or concurrency-detector plugin and refer to its name",
                 )
@@ -739,7 +910,7 @@ class _Builder:
                 params = UtilizationParameters.model_validate(given)
             except ValidationError as e:
                 for err in e.errors():
-                    issue = _issue_from_pydantic(err, UtilizationParameters, prefix="saturationDetector")
+                    issue = _issue_from_pydantic(err, UtilizationParameters, prefix=path)
                     self.issues.append(issue)
                 return UtilizationDetector()
             return UtilizationDetector("saturation-detector", params)

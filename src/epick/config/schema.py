@@ -18,8 +18,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from pydantic_core import PydanticCustomError
 
 from epick.config.issues import CONFIG_ISSUE
+from epick.config.quantity import Quantity
 from epick.config.suggest import did_you_mean
 from epick.config.upstream import FEATURE_GATES, RETIRED_FEATURE_GATES, retired_feature_gate
+from epick.plugins.duration import Duration
 
 # GIE's older group and the one it used later, and llm-d's: v1alpha1, which upstream's loader
 # decodes today (llm-d/llm-d-router, apix/config/v1alpha1), and v1.
@@ -104,6 +106,40 @@ class SaturationDetectorSection(_Strict):
     metrics_staleness_threshold: str | float | None = Field(default=None, alias="metricsStalenessThreshold")
 
 
+class PriorityBandSection(_Strict):
+    """One priority band: its limits (0 or omitted: upstream's defaults, 5000 requests and 1 GB) and
+    its policies (omitted: fcfs-ordering-policy and global-strict-fairness-policy)."""
+
+    priority: int = 0
+    max_bytes: Quantity | None = Field(default=None, alias="maxBytes")
+    max_requests: Quantity | None = Field(default=None, alias="maxRequests")
+    fairness_policy_ref: str = Field(default="", alias="fairnessPolicyRef")
+    ordering_policy_ref: str = Field(default="", alias="orderingPolicyRef")
+
+
+class FlowControlSection(_Strict):
+    """The flow-control layer (used when the `flowControl` feature gate is on), as upstream's
+    FlowControlConfig (llm-d/llm-d-router, apix/config/v1alpha1)."""
+
+    max_bytes: Quantity | None = Field(default=None, alias="maxBytes")
+    max_requests: Quantity | None = Field(default=None, alias="maxRequests")
+    default_request_ttl: Duration | None = Field(default=None, alias="defaultRequestTTL")
+    no_endpoint_request_ttl: Duration | None = Field(default=None, alias="noEndpointRequestTTL")
+    default_priority_band: PriorityBandSection | None = Field(default=None, alias="defaultPriorityBand")
+    default_negative_priority_band: PriorityBandSection | None = Field(
+        default=None, alias="defaultNegativePriorityBand"
+    )
+    priority_bands: list[PriorityBandSection] = Field(default_factory=list, alias="priorityBands")
+    usage_limit_policy_plugin_ref: str = Field(default="", alias="usageLimitPolicyPluginRef")
+    saturation_detector: SaturationDetectorSection | None = Field(default=None, alias="saturationDetector")
+    enable_eviction: bool = Field(default=False, alias="enableEviction")
+
+    @field_validator("priority_bands", mode="before")
+    @classmethod
+    def _null_is_empty(cls, v: Any) -> Any:
+        return [] if v is None else v
+
+
 class ParserRef(_Strict):
     plugin_ref: str = Field(alias="pluginRef")
 
@@ -159,8 +195,8 @@ class EndpointPickerConfigFile(_Strict):
     saturation_detector: SaturationDetectorSection | None = Field(default=None, alias="saturationDetector")
     data_layer: DataLayerSection | None = Field(default=None, alias="dataLayer")
     data: DataLayerSection | None = None  # GIE v1.3-1.4's name for dataLayer
+    flow_control: FlowControlSection | None = Field(default=None, alias="flowControl")
     # Sections of the Go EPP's format that epick accepts but does not act on (reported as warnings).
-    flow_control: dict[str, Any] | None = Field(default=None, alias="flowControl")
     request_control: dict[str, Any] | None = Field(default=None, alias="requestControl")
     # GIE v1.5's one parser; upstream now lists them under requestHandler.parsers (which wins).
     parser: ParserRef | None = None
@@ -173,6 +209,5 @@ class EndpointPickerConfigFile(_Strict):
 
 
 IGNORED_SECTIONS = {
-    "flow_control": "epick has no flow-control layer yet",
     "request_control": "epick's request control is configured by flags",
 }

@@ -113,6 +113,8 @@ class Exchange:
     response: Response | None = None
     completed: bool = False
     closed: bool = False
+    # Set when routing waits in flow control: (phase, more); the server then awaits `admit`.
+    pending: tuple[str, bool] | None = None
 
     def handle(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
         if message.HasField("protocol_config"):
@@ -188,11 +190,33 @@ class Exchange:
     def _route(self, *, phase: str, more: bool) -> list[pb.ProcessingResponse]:
         """Decide, and answer with the routing. `phase` is the message that completed the request
         (headers with no body, or the body); `more` is true when trailers follow the body."""
+        if self.director.admission is not None:
+            self.pending = (phase, more)  # flow control decides when: see `admit`
+            return []
         received = bytes(self.body)
         try:
             decision = self.director.decide(received, self.headers, _path(self.headers))
         except RequestError as e:
             return self._fail(e)
+        return self._routed(decision, received, phase=phase, more=more)
+
+    async def admit(self) -> list[pb.ProcessingResponse]:
+        """Wait in flow control for the pending routing; the Envoy stream stays open meanwhile, and
+        a refusal or expiry is answered with an immediate response. Cancelled (Envoy closed the
+        stream): the request leaves its queue."""
+        assert self.pending is not None
+        phase, more = self.pending
+        self.pending = None
+        received = bytes(self.body)
+        try:
+            decision = await self.director.decide_async(received, self.headers, _path(self.headers))
+        except RequestError as e:
+            return self._fail(e)
+        return self._routed(decision, received, phase=phase, more=more)
+
+    def _routed(
+        self, decision: Decision, received: bytes, *, phase: str, more: bool
+    ) -> list[pb.ProcessingResponse]:
         self.decision = decision
         metadata = messages.destinations(decision)
         if phase == "headers":

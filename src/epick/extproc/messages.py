@@ -96,7 +96,10 @@ def immediate(error: RequestError) -> pb.ProcessingResponse:
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=error.status),
-            headers=pb.HeaderMutation(set_headers=[header("content-type", "application/json")]),
+            headers=pb.HeaderMutation(
+                set_headers=[header("content-type", "application/json")]
+                + [header(name, value) for name, value in error.headers]
+            ),
             body=error.body(),
             details=error.code,
         )

@@ -43,6 +43,9 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             async for message in requests:
                 for answer in exchange.handle(message):
                     yield answer
+                if exchange.pending is not None:  # waiting in flow control
+                    for answer in await exchange.admit():
+                        yield answer
                 if exchange.closed:
                     return
         finally:

@@ -21,6 +21,7 @@ from epick.plugins.filters import (
 )
 from epick.plugins.filters import endpoint_attribute as endpoint_attribute_filter
 from epick.plugins.filters import topology_affinity as topology_affinity_filter
+from epick.plugins.flowcontrol import eviction, fairness, ordering, program_aware, usage_limits
 from epick.plugins.load import concurrency, inflight
 from epick.plugins.parsers import anthropic, openai, passthrough, sglanghttp, vertexai, vllmgrpc, vllmhttp
 from epick.plugins.pickers import max_score, random_picker, round_robin, weighted_random
@@ -119,6 +120,17 @@ def in_tree_plugins() -> list[PluginSpec]:
         session_filter.SPEC,
         agent_identity.SPEC,
         disaggregatedset_rollout.SPEC,
+        ordering.FCFS_SPEC,
+        ordering.EDF_SPEC,
+        ordering.SLO_DEADLINE_SPEC,
+        fairness.GLOBAL_STRICT_SPEC,
+        fairness.ROUND_ROBIN_SPEC,
+        program_aware.SPEC,
+        usage_limits.STATIC_SPEC,
+        usage_limits.PRIORITY_HOLDBACK_SPEC,
+        usage_limits.SOFT_REFLECTIVE_CEILING_SPEC,
+        eviction.SHEDDABLE_FILTER_SPEC,
+        eviction.PRIORITY_THEN_TIME_SPEC,
     ]
 
 

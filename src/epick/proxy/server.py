@@ -133,6 +133,9 @@ class Proxy:
             # After an error answered before the body was read, read what is left of it for at most
             # this long before closing (aiohttp's default, 10 s, holds a bad client's socket open).
             lingering_time=1.0,
+            # A client that disconnects cancels its handler: a request waiting in flow control
+            # leaves its queue at once, and a relay stops reading the model server.
+            handler_cancellation=True,
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.options.host, self.options.port)
@@ -175,7 +178,7 @@ class Proxy:
         if not http.raw_path.startswith("/"):  # an absolute-form target: not what a client of a proxy sends
             return _error(errors.bad_request(f"request target {http.raw_path[:200]!r} is not a path"))
         try:
-            decision = self.director.decide(body, http.headers, http.path)
+            decision = await self.director.decide_async(body, http.headers, http.path)
         except RequestError as e:
             return _error(e)
         state = _Request(deadline=asyncio.get_running_loop().time() + self.options.request_timeout)
@@ -402,7 +405,9 @@ async def _end_with_error(out: web.StreamResponse, message: str) -> None:
 
 
 def _error(e: RequestError, *, close: bool = False) -> web.Response:
-    response = web.Response(status=e.status, body=e.body(), content_type="application/json")
+    response = web.Response(
+        status=e.status, body=e.body(), content_type="application/json", headers=dict(e.headers)
+    )
     if close:
         response.force_close()
     return response

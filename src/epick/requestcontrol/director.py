@@ -5,7 +5,8 @@
    rewrites (InferenceModelRewrite; a client's rewrite header is ignored);
    2. refuse a model no endpoint serves; 3. the request path
    (path.py) on the datastore's snapshot: admit (a sheddable request, priority < 0 from the objective
-   named by `x-gateway-inference-objective`, is refused with 429 when the pool is saturated),
+   named by `x-gateway-inference-objective`, is refused with 429 when the pool is saturated; with the
+   `flowControl` gate on, every request waits in flow control instead, `decide_async`),
    schedule, run the PreRequest hooks. Front ends then dispatch, and report the response back
    through `response_*`, where the parser reads the response's token usage.
 """
@@ -22,6 +23,7 @@ from epick.config import LoadedConfig
 from epick.datalayer.datastore import Datastore, EndpointSpec
 from epick.datalayer.health import EndpointHealth
 from epick.datalayer.rewrites import ModelRewrites
+from epick.flowcontrol import FlowObserver
 from epick.framework import (
     BadRequestError,
     Endpoint,
@@ -32,6 +34,7 @@ from epick.framework import (
     SchedulingResult,
 )
 from epick.requestcontrol import errors
+from epick.requestcontrol.admission import FlowAdmission
 from epick.requestcontrol.errors import RequestError
 from epick.requestcontrol.path import Observer, RequestPath, safely
 from epick.requestcontrol.usage import UsageReader
@@ -41,6 +44,7 @@ __all__ = ["Decision", "Director", "Observer"]
 log = logging.getLogger(__name__)
 
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
+OBJECTIVE_HEADERS = ("x-llm-d-inference-objective", OBJECTIVE_HEADER)  # upstream's name, then GIE's
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
 MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
@@ -49,7 +53,15 @@ ENCODER_HEADER = "x-encoder-hosts-ports"
 DATA_PARALLEL_HEADER = "x-data-parallel-host-port"
 REQUEST_ID_HEADER = "x-request-id"
 DEFAULT_PATH = "/v1/completions"  # a request with no path (upstream's default too)
-CONTROL_HEADERS = frozenset({OBJECTIVE_HEADER, FAIRNESS_HEADER, MODEL_REWRITE_HEADER, DESTINATION_HEADER})
+CONTROL_HEADERS = frozenset(
+    {
+        *OBJECTIVE_HEADERS,
+        FAIRNESS_HEADER,
+        "x-llm-d-inference-fairness-id",
+        MODEL_REWRITE_HEADER,
+        DESTINATION_HEADER,
+    }
+)
 # Headers only epick may set: a client's are dropped before plugins see the request, and before it is
 # forwarded (a client must not steer routing, nor point a decode server at a prefill host).
 UNTRUSTED_HEADERS = frozenset(
@@ -90,6 +102,7 @@ class Director:
         observer: Observer | None = None,
         rewrites: ModelRewrites | None = None,
         health: EndpointHealth | None = None,
+        flow_observer: FlowObserver | None = None,
     ) -> None:
         self.datastore = datastore
         self.max_body_bytes = max_body_bytes
@@ -99,7 +112,21 @@ class Director:
         self.rewrites = rewrites or ModelRewrites()  # replaced whole on reload
         self.health = health  # told each response's status (outlier detection)
         self.path = RequestPath(config, self.observer)
+        self.flow_observer = flow_observer
+        self.admission: FlowAdmission | None = self._admission(config)
         datastore.subscribe(self._endpoint_changed)
+
+    def _admission(self, config: LoadedConfig) -> FlowAdmission | None:
+        if config.flow_control is None:
+            return None
+        admission = FlowAdmission(
+            config.flow_control,
+            config.saturation_detector,
+            lambda: self.datastore.snapshot().endpoints,
+            observer=self.flow_observer,
+        )
+        admission.set_desired_priorities(sorted(set(self.objectives.values())))
+        return admission
 
     @property
     def config(self) -> LoadedConfig:
@@ -113,8 +140,17 @@ class Director:
                 safely(plugin.endpoint_removed, name)
 
     def replace_config(self, config: LoadedConfig) -> None:
-        """Swap in a new, fully built config (a bad one never gets here: loading raised first)."""
+        """Swap in a new, fully built config (a bad one never gets here: loading raised first). A
+        changed flow-control section gets a new controller; the old one dispatches what it holds."""
         self.path.config = config
+        old = self.admission
+        if old is not None and (
+            config.flow_control != old.settings or config.saturation_detector is not old.detector
+        ):
+            old.drain()
+            self.admission = None
+        if self.admission is None:
+            self.admission = self._admission(config)
 
     def parse(
         self, body: bytes, headers: Mapping[str, str], path: str = DEFAULT_PATH
@@ -148,7 +184,7 @@ class Director:
             if target is not None and target != client_model:
                 raw["model"] = model = target
                 body = json.dumps(raw).encode()
-        objective = lowered.get(OBJECTIVE_HEADER, "")
+        objective = next((lowered[h] for h in OBJECTIVE_HEADERS if lowered.get(h)), "")
         request = InferenceRequest(
             target_model=model,
             body=parsed.body,
@@ -161,7 +197,43 @@ class Director:
         return request, body, client_model, parser, not parsed.skip_response
 
     def decide(self, body: bytes, headers: Mapping[str, str], path: str = DEFAULT_PATH) -> Decision:
-        """Parse, admit, schedule and run PreRequest hooks. Raises `RequestError` with its status."""
+        """Parse, admit, schedule and run PreRequest hooks. Raises `RequestError` with its status.
+        Flow control is not consulted: front ends call `decide_async`."""
+        request, body, client_model, parser, read_response = self._begin(body, headers, path)
+        try:
+            result = self.schedule(request)
+        except RequestError as e:
+            self.observer.error(client_model, request.target_model, e.code)
+            raise
+        usage = UsageReader(parser, self.max_body_bytes) if read_response else None
+        return Decision(request, result, body, client_model, usage)
+
+    async def decide_async(
+        self, body: bytes, headers: Mapping[str, str], path: str = DEFAULT_PATH
+    ) -> Decision:
+        """`decide`, waiting in flow control when it is on (until the request is dispatched,
+        refused, expires, or the caller is cancelled: then it leaves its queue at once)."""
+        admission = self.admission
+        if admission is None:
+            return self.decide(body, headers, path)
+        request, body, client_model, parser, read_response = self._begin(body, headers, path)
+        cycle_state, fairness = self.path.prepare(request)
+        usage = UsageReader(parser, self.max_body_bytes) if read_response else None
+
+        def dispatched() -> Decision:
+            result = self.path.decide_admitted(request, cycle_state, self.datastore.snapshot())
+            return Decision(request, result, body, client_model, usage)
+
+        try:
+            return await admission.admit(request, fairness, dispatched, on_abandoned=self.abandon)
+        except RequestError as e:
+            self.observer.error(client_model, request.target_model, e.code)
+            raise
+
+    def _begin(
+        self, body: bytes, headers: Mapping[str, str], path: str
+    ) -> tuple[InferenceRequest, bytes, str, Parser, bool]:
+        """Parse, and refuse a model no endpoint serves."""
         request, body, client_model, parser, read_response = self.parse(body, headers, path)
         model = request.target_model
         if self.known_models is not None and model:
@@ -170,13 +242,13 @@ class Director:
                 self.observer.error(client_model, model, "model_not_found")
                 raise errors.unknown_model(model, sorted(known))
         self.observer.request(client_model, model)
-        try:
-            result = self.schedule(request)
-        except RequestError as e:
-            self.observer.error(client_model, model, e.code)
-            raise
-        usage = UsageReader(parser, self.max_body_bytes) if read_response else None
-        return Decision(request, result, body, client_model, usage)
+        return request, body, client_model, parser, read_response
+
+    def abandon(self, d: Decision) -> None:
+        """A decision that will never be dispatched (its client left): release what it holds."""
+        if not d.completed[0] and d.targets:
+            failed = Response(d.request.request_id, status=0, error="client left before dispatch")
+            self.response_complete(d, failed, d.targets[0])
 
     def schedule(self, request: InferenceRequest, exclude: frozenset[str] = frozenset()) -> SchedulingResult:
         """The request path on the datastore's snapshot, without the endpoints named in `exclude`."""
@@ -211,6 +283,8 @@ class Director:
                 self.observer.usage(d.client_model, d.request.target_model, response.usage)
         for hook in self.config.hooks.response_complete:
             safely(hook.response_complete, d.request, response, endpoint)
+        if self.admission is not None:
+            self.admission.notify()  # capacity freed: a waiting request may go now
 
 
 def _check_text(value: object) -> None:

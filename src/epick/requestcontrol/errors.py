@@ -22,6 +22,7 @@ class RequestError(Exception):
     status: int
     message: str
     code: str
+    headers: tuple[tuple[str, str], ...] = ()  # extra response headers (e.g. why it was dropped)
 
     def body(self) -> bytes:
         kind = _TYPES.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")

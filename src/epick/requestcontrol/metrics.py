@@ -3,15 +3,18 @@ v1.x, site-src/guides/metrics-and-observability.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from epick.config import LoadedConfig
 from epick.datalayer.datastore import Datastore
+from epick.flowcontrol import FlowItem, FlowObserver
+from epick.flowcontrol.registry import BandStats
 from epick.framework import InferenceRequest, Plugin, Usage
+from epick.framework.flowcontrol import FlowKey
 from epick.plugins.prefix.scorer import PrefixCacheScorer
 from epick.requestcontrol.director import Observer
 
@@ -19,6 +22,26 @@ from epick.requestcontrol.director import Observer
 TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536, 131072, 262144,
                  524288, 1048576)  # fmt: skip
 SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+# Upstream's flow-control buckets (llm-d/llm-d-router, pkg/epp/metrics/metrics.go).
+QUEUE_BUCKETS = (
+    0.0001,
+    0.0005,
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+CYCLE_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 
 
 class _PoolState(Collector):
@@ -100,6 +123,7 @@ class EppMetrics(Observer):
             "inference_objective_prompt_cached_tokens", "Prompt tokens served from the cache per request.",
             tokens, buckets=TOKEN_BUCKETS, registry=r,
         )  # fmt: skip
+        self.flow = FlowMetrics(pool, r)
         self.plugin_duration = Histogram(
             "inference_extension_plugin_duration_seconds",
             "Plugin processing latency by extension point.",
@@ -126,3 +150,107 @@ class EppMetrics(Observer):
         self._input_tokens.labels(model, target_model).observe(usage.prompt_tokens)
         self._output_tokens.labels(model, target_model).observe(usage.completion_tokens)
         self._cached_tokens.labels(model, target_model).observe(usage.cached_tokens)
+
+
+class FlowMetrics(FlowObserver):
+    """Flow control's metrics, with the names and labels upstream gives them under the
+    `inference_extension` subsystem (llm-d/llm-d-router, pkg/epp/metrics/metrics.go):
+    queue size and bytes while requests are held, the time each spent and its outcome, dispatch
+    cycles, pool saturation by stage, and each band's (and all bands') occupancy of its limits.
+    `inference_extension_flow_control_requests_total` counts outcomes (upstream has it under its
+    `llm_d_epp` subsystem only)."""
+
+    def __init__(self, pool: str, registry: CollectorRegistry) -> None:
+        self.pool = pool
+        flow = ["fairness_id", "priority", "inference_pool", "model_name", "target_model_name"]
+        r = registry
+        self._queue_size = Gauge(
+            "inference_extension_flow_control_queue_size",
+            "Current number of requests actively held in the Flow Control queue.", flow, registry=r,
+        )  # fmt: skip
+        self._queue_bytes = Gauge(
+            "inference_extension_flow_control_queue_bytes",
+            "Current total size in bytes of requests actively held in the Flow Control queue.", flow,
+            registry=r,
+        )  # fmt: skip
+        self._queue_duration = Histogram(
+            "inference_extension_flow_control_request_queue_duration_seconds",
+            "Time requests spend in the Flow Control layer, from enqueue to final outcome.",
+            ["fairness_id", "priority", "outcome", "inference_pool", "model_name", "target_model_name"],
+            buckets=QUEUE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self._outcomes = Counter(
+            "inference_extension_flow_control_requests",
+            "Requests leaving the Flow Control layer, by outcome.",
+            ["outcome", "priority", "inference_pool"], registry=r,
+        )  # fmt: skip
+        self._cycle = Histogram(
+            "inference_extension_flow_control_dispatch_cycle_duration_seconds",
+            "Distribution of time taken for each internal dispatch cycle in the Flow Control layer.",
+            buckets=CYCLE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self._saturation = Gauge(
+            "inference_extension_flow_control_pool_saturation",
+            "Pool saturation by stage (prefill, decode, effective), as dispatch reads it.",
+            ["inference_pool", "stage"], registry=r,
+        )  # fmt: skip
+        self._band_requests = Gauge(
+            "inference_extension_flow_control_capacity_utilization_requests",
+            "Queued requests over the band's request limit.", ["priority", "inference_pool"], registry=r,
+        )  # fmt: skip
+        self._band_bytes = Gauge(
+            "inference_extension_flow_control_capacity_utilization_bytes",
+            "Queued bytes over the priority band's byte limit.", ["priority", "inference_pool"], registry=r,
+        )  # fmt: skip
+        self._global_requests = Gauge(
+            "inference_extension_flow_control_global_capacity_utilization_requests",
+            "Queued requests over the global request limit.", ["inference_pool"], registry=r,
+        )  # fmt: skip
+        self._global_bytes = Gauge(
+            "inference_extension_flow_control_global_capacity_utilization_bytes",
+            "Queued bytes over the global byte limit.", ["inference_pool"], registry=r,
+        )  # fmt: skip
+
+    def _flow_labels(self, item: FlowItem) -> tuple[str, str, str, str, str]:
+        key = item.flow_key
+        model = item.request.target_model
+        return (key.id, str(key.priority), self.pool, model, model)
+
+    def submitted(self, item: FlowItem) -> None:
+        labels = self._flow_labels(item)
+        self._queue_size.labels(*labels).inc()
+        self._queue_bytes.labels(*labels).inc(item.byte_size)
+
+    def finalized(self, item: FlowItem) -> None:
+        labels = self._flow_labels(item)
+        self._queue_size.labels(*labels).dec()
+        self._queue_bytes.labels(*labels).dec(item.byte_size)
+        outcome = item.outcome.value if item.outcome is not None else "NotYetFinalized"
+        fairness, priority, pool, model, target = labels
+        self._queue_duration.labels(fairness, priority, outcome, pool, model, target).observe(item.wait)
+        self._outcomes.labels(outcome, priority, pool).inc()
+
+    def saturation(self, stage: str, value: float) -> None:
+        self._saturation.labels(self.pool, stage).set(value)
+
+    def cycle(self, seconds: float, bands: Sequence[BandStats], stats: tuple[int, int, int, int]) -> None:
+        self._cycle.observe(seconds)
+        for band in bands:
+            priority = str(band.priority)
+            if band.max_requests:
+                self._band_requests.labels(priority, self.pool).set(band.len / band.max_requests)
+            if band.max_bytes:
+                self._band_bytes.labels(priority, self.pool).set(band.byte_size / band.max_bytes)
+        length, size, max_requests, max_bytes = stats
+        if max_requests:
+            self._global_requests.labels(self.pool).set(length / max_requests)
+        if max_bytes:
+            self._global_bytes.labels(self.pool).set(size / max_bytes)
+
+    def flows_dropped(self, keys: Sequence[FlowKey]) -> None:
+        """A collected flow's series go with it (fairness ids come from clients)."""
+        dropped = {(k.id, str(k.priority)) for k in keys}
+        for gauge in (self._queue_size, self._queue_bytes):
+            for labels in list(gauge._metrics):  # prometheus_client keeps children by label tuple
+                if labels[:2] in dropped:
+                    gauge.remove(*labels)

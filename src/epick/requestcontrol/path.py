@@ -1,8 +1,10 @@
 """The one request path: admit → schedule → PreRequest, for a parsed request and its candidates.
 
 Both front ends (through the director) and the fleet simulator call `RequestPath.decide`, so a
-request is decided the same way wherever it comes from. It does no I/O and reads no clock but the
-one that times the scheduler for metrics.
+request is decided the same way wherever it comes from. With flow control on, admission waits in
+the flow controller instead: `prepare` runs the header processors (which may name the request's
+fairness id), the request queues, and `decide_admitted` runs the rest once it is dispatched. It does
+no I/O and reads no clock but the one that times the scheduler for metrics.
 """
 
 from __future__ import annotations
@@ -24,10 +26,15 @@ from epick.framework import (
     Snapshot,
     Usage,
 )
+from epick.framework.flowcontrol import DEFAULT_FAIRNESS_ID
+from epick.plugins.requestheader.agent_identity import AGENT_IDENTITY_KEY
 from epick.requestcontrol import errors
 from epick.requestcontrol.errors import RequestError
 
 log = logging.getLogger(__name__)
+
+# The fairness id header (flows are keyed by it), upstream's name first, then GIE's.
+FAIRNESS_HEADERS = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id")
 
 
 class Observer:
@@ -62,20 +69,29 @@ class RequestPath:
         profile can serve, 429 when a sheddable request meets a saturated pool or every candidate is
         filtered out, or an admitter plugin refuses it. The data producers run before the admitters,
         and both after the saturation check, as upstream orders them; request-header processors run
-        first of all. Flow control, when configured,
-        will sit between admission and scheduling.
+        first of all. With flow control on, a sheddable request is not shed here: the flow
+        controller holds it (see `prepare` and `decide_admitted`).
         """
         config = self.config
         cycle_state = self.read_headers(request)
         if not candidates:
             raise errors.no_endpoints()
-        if request.priority < 0:
+        if request.priority < 0 and config.flow_control is None:
             endpoints = candidates.endpoints if isinstance(candidates, Snapshot) else candidates
             saturation = config.saturation_detector.pool_saturation(endpoints)
             if saturation >= 1.0:
                 raise errors.shed(
                     f"pool saturated ({saturation:.2f}); sheddable request (priority {request.priority})"
                 )
+        return self.decide_admitted(request, cycle_state, candidates)
+
+    def decide_admitted(
+        self, request: InferenceRequest, cycle_state: CycleState, candidates: Snapshot | Sequence[Endpoint]
+    ) -> SchedulingResult:
+        """Everything after admission: screeners, producers, admitters, the scheduler, PreRequest."""
+        config = self.config
+        if not candidates:
+            raise errors.no_endpoints()
         if config.hooks.screeners:
             candidates = self.screen(request, cycle_state, candidates)
             if not candidates:
@@ -116,6 +132,12 @@ class RequestPath:
                 ",".join(ep.name for ep in result.targets),
             )
         return result
+
+    def prepare(self, request: InferenceRequest) -> tuple[CycleState, str]:
+        """Before flow control: the header processors' cycle state and the request's fairness id
+        (its fairness header, else the agent identity a processor found, else "default-flow")."""
+        cycle_state = self.read_headers(request)
+        return cycle_state, fairness_id(request, cycle_state)
 
     def read_headers(self, request: InferenceRequest) -> CycleState:
         """A fresh cycle state holding what the request-header processors found."""
@@ -163,3 +185,16 @@ def safely(fn: Callable[..., Any], *args: Any) -> None:
         fn(*args)
     except Exception:
         log.exception("request-control hook %r failed", getattr(fn, "__self__", fn))
+
+
+def fairness_id(request: InferenceRequest, cycle_state: CycleState | None = None) -> str:
+    """The flow a request belongs to, upstream's way (llm-d/llm-d-router, requestcontrol/director.go)."""
+    for header in FAIRNESS_HEADERS:
+        value = request.headers.get(header)
+        if value:
+            return value
+    if cycle_state is not None:
+        agent = cycle_state.read(AGENT_IDENTITY_KEY, str)
+        if agent:
+            return agent
+    return DEFAULT_FAIRNESS_ID
