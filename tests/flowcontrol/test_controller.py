@@ -348,6 +348,13 @@ def test_every_request_ends_exactly_once_whatever_the_interleaving(script: list[
             h.dial.value, pool = 1.0, ([] if n % 2 else POOL)
         else:
             h.fc.sweep()
+        for band in h.fc.registry.bands.values():  # the kept head order agrees with a full scan
+            first, scanned = band.first_queue(), Strict().pick_flow(band, 0.0)
+            assert (first and first.peek()) is (scanned and scanned.peek()) or (
+                first is not None
+                and scanned is not None
+                and first.peek().enqueue_time == scanned.peek().enqueue_time  # type: ignore[union-attr]
+            )
         queued = [i for i in items if i.outcome is None]
         assert (
             h.fc.queued

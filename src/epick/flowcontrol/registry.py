@@ -9,6 +9,7 @@ once it has had no flow for the band GC timeout.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +20,23 @@ from epick.framework.flowcontrol import FlowKey
 
 
 class Band:
-    """A priority band: its flows' queues, its fairness policy's state and its occupancy."""
+    """A priority band: its flows' queues, its fairness policy's state and its occupancy.
 
-    __slots__ = ("byte_size", "flows", "idle_since", "len", "policy_state", "settings")
+    It also keeps what lets a fairness policy pick without scanning every flow: the non-empty queues
+    (`queues`), a heap of the queues' heads by the band's ordering policy (`first_queue`), and a
+    `generation` that changes whenever a flow is added or removed."""
+
+    __slots__ = (
+        "_active",
+        "_heads",
+        "byte_size",
+        "flows",
+        "generation",
+        "idle_since",
+        "len",
+        "policy_state",
+        "settings",
+    )
 
     def __init__(self, settings: BandSettings, now: float) -> None:
         self.settings = settings
@@ -30,6 +45,11 @@ class Band:
         self.len = 0
         self.byte_size = 0
         self.idle_since: float | None = now  # when it last had no flow
+        self.generation = 0
+        self._active: dict[str, ManagedQueue] = {}  # the non-empty queues
+        # (key, seq, item, queue) for each queue's head when it became head; stale entries (the item
+        # left, or is no longer its queue's head) are dropped when met.
+        self._heads: list[tuple[Any, int, FlowItem, ManagedQueue]] = []
 
     @property
     def priority(self) -> int:
@@ -42,7 +62,38 @@ class Band:
         return self.flows.get(flow_id)
 
     def queues(self) -> Iterator[ManagedQueue]:
-        return (q for q in self.flows.values() if len(q))
+        return iter(self._active.values())
+
+    def first_queue(self) -> ManagedQueue | None:
+        """The non-empty queue whose head comes first by the band's ordering policy (ties: the head
+        that arrived first)."""
+        heads = self._heads
+        while heads:
+            _, _, item, queue = heads[0]
+            if item.queue is queue and queue.peek() is item:
+                return queue
+            heapq.heappop(heads)
+        return None
+
+    def _note_head(self, queue: ManagedQueue) -> None:
+        head = queue.peek()
+        if head is not None:
+            heapq.heappush(self._heads, (self.settings.ordering.key(head), head.seq, head, queue))
+
+    def _added(self, queue: ManagedQueue, item: FlowItem) -> None:
+        if len(queue) == 1:
+            self._active[queue.flow_key.id] = queue
+        if queue.peek() is item:
+            self._note_head(queue)
+
+    def _removed(self, queue: ManagedQueue, was_head: bool) -> None:
+        if not len(queue):
+            self._active.pop(queue.flow_key.id, None)
+        elif was_head:
+            self._note_head(queue)
+        if len(self._heads) > 64 and len(self._heads) > 4 * len(self._active):
+            self._heads = [e for e in self._heads if e[2].queue is e[3] and e[3].peek() is e[2]]
+            heapq.heapify(self._heads)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +136,7 @@ class Registry:
         if queue is None:
             queue = ManagedQueue(FlowKey(flow_id, band.priority), band.settings.ordering, now)
             band.flows[flow_id] = queue
+            band.generation += 1
             band.idle_since = None
         return queue
 
@@ -101,6 +153,7 @@ class Registry:
 
     def add(self, band: Band, queue: ManagedQueue, item: FlowItem) -> None:
         queue.add(item)
+        band._added(queue, item)
         band.len += 1
         band.byte_size += item.byte_size
         self.len += 1
@@ -108,10 +161,14 @@ class Registry:
 
     def remove(self, item: FlowItem, now: float) -> bool:
         queue = item.queue
-        if queue is None or not queue.remove(item, now):
+        if queue is None:
+            return False
+        was_head = queue.peek() is item
+        if not queue.remove(item, now):
             return False
         band = self.bands.get(queue.flow_key.priority)
         if band is not None:
+            band._removed(queue, was_head)
             band.len -= 1
             band.byte_size -= item.byte_size
         self.len -= 1
@@ -126,6 +183,7 @@ class Registry:
             for flow_id, queue in list(band.flows.items()):
                 if queue.idle_since is not None and now - queue.idle_since >= self.settings.flow_gc_timeout:
                     del band.flows[flow_id]
+                    band.generation += 1
                     dropped.append(queue.flow_key)
             if not band.flows and band.idle_since is None:
                 band.idle_since = now

@@ -111,6 +111,18 @@ class PriorityBand(Protocol):
         """The band's non-empty queues (no order promised)."""
         ...
 
+    def first_queue(self) -> FlowQueue | None:
+        """The non-empty queue whose head the band's ordering policy serves first (every flow of a
+        band has the band's ordering policy); None when all are empty. Kept up to date as items
+        come and go, so it costs no scan."""
+        ...
+
+    @property
+    def generation(self) -> int:
+        """Changes whenever a flow joins or leaves the band (a policy may cache what it derives from
+        `flow_keys` until it does)."""
+        ...
+
 
 @runtime_checkable
 class OrderingPolicy(Plugin, Protocol):

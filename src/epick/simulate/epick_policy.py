@@ -5,6 +5,12 @@ the request's text, spelt only if a plugin reads it); the candidates are the ser
 fleet names them, with the metrics of their last scrape; `RequestPath.decide` admits, schedules and
 runs the PreRequest hooks exactly as for the proxy and ext_proc, and the response hooks run when the
 request finishes.
+
+With the `flowControl` gate on, the service's flow controller runs here in virtual time: a request
+the pool has no room for is held (`HELD`), dispatched by the fleet's calls to `dispatch` (after every
+arrival and completion, and every dispatch interval while requests wait, as the service's ticker),
+and refused once its queue-wait budget runs out. Its tenant is its fairness id, its priority its
+objective's.
 """
 
 from __future__ import annotations
@@ -12,8 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from epick.config import LoadedConfig
+from epick.flowcontrol import FlowController, FlowItem, Outcome
 from epick.framework import (
     ROLE_LABEL,
+    CycleState,
     Endpoint,
     InferenceRequest,
     Metrics,
@@ -26,7 +34,7 @@ from epick.framework import (
 from epick.requestcontrol.errors import RequestError
 from epick.requestcontrol.path import RequestPath
 from epick.simulate import vocab
-from epick.simulate.types import RefusedError, ServerView, SimRequestSpec
+from epick.simulate.types import HELD, RefusedError, ServerView, SimRequestSpec
 
 
 class EpickPolicy:
@@ -42,6 +50,15 @@ class EpickPolicy:
         self._requests: dict[str, tuple[InferenceRequest, Endpoint]] = {}
         self._prefill: int | None = None  # the prefill server of the request routed last
         self._session_headers: dict[str, dict[str, str]] = {}  # per session: from its last response
+        self._now = 0.0
+        self.flow: FlowController | None = None
+        if config.flow_control is not None:
+            self.flow = FlowController(
+                config.flow_control, config.saturation_detector, clock=lambda: self._now
+            )
+        self._held: dict[int, tuple[SimRequestSpec, CycleState]] = {}  # request key -> (spec, its state)
+        self._prefills: dict[str, int | None] = {}  # dispatched by flow control: their prefill server
+        self._released: list[tuple[SimRequestSpec, int | RefusedError]] = []
 
     def _candidates(self, servers: Sequence[ServerView]) -> Snapshot:
         if not self.reads_metrics:
@@ -84,11 +101,16 @@ class EpickPolicy:
         body = RequestBody.lazy_completion(length, lambda: spec.prompt)
         # The client sends back what the last response of its session told it to (a session token).
         headers = self._session_headers.get(spec.session, {}) if spec.session else {}
-        return InferenceRequest(spec.model, body, spec.request_id, headers)
+        if spec.tenant:
+            headers = {**headers, "x-gateway-inference-fairness-id": spec.tenant}
+        return InferenceRequest(spec.model, body, spec.request_id, headers, priority=spec.priority)
 
     def route(self, request: SimRequestSpec, servers: Sequence[ServerView], now: float) -> int:
         self._prefill = None
+        self._now = now
         req = self.request(request)
+        if self.flow is not None:
+            return self._enqueue(request, req, servers)
         try:
             result = self.path.decide(req, self._candidates(servers))
         except RequestError as e:
@@ -102,7 +124,61 @@ class EpickPolicy:
             self._prefill = self._servers[prefill.name]
         return self._servers[target.name]
 
+    def _enqueue(self, spec: SimRequestSpec, req: InferenceRequest, servers: Sequence[ServerView]) -> int:
+        assert self.flow is not None
+        cycle_state, fairness = self.path.prepare(req)
+        self._held[req.key] = (spec, cycle_state)
+        item = self.flow.submit(
+            req, fairness_id=fairness, byte_size=len(spec.tokens) * 4, on_finalize=self._finalized
+        )
+        if item.outcome is None:
+            self.flow.dispatch_once(self._candidates(servers).endpoints)
+        if item.outcome is None:
+            return HELD
+        # Decided at once: dispatched (or refused) in this very call.
+        released = self._released.pop()
+        assert released[0] is spec
+        if isinstance(released[1], RefusedError):
+            raise released[1]
+        return released[1]
+
+    def _finalized(self, item: FlowItem) -> None:
+        """Flow control let `item` go: schedule it now, or refuse it."""
+        spec, cycle_state = self._held.pop(item.request.key)
+        if item.outcome is not Outcome.DISPATCHED:
+            self._released.append((spec, RefusedError(f"refused by flow control: {item.reason}")))
+            return
+        try:
+            result = self.path.decide_admitted(item.request, cycle_state, self._endpoints)
+        except RequestError as e:
+            self._released.append((spec, RefusedError(f"refused by the scheduler: {e.message}")))
+            return
+        target = result.targets[0]
+        self._requests[spec.request_id] = (item.request, target)
+        self._prefills[spec.request_id] = self._servers[result.prefill.name] if result.prefill else None
+        self._released.append((spec, self._servers[target.name]))
+
+    def dispatch(
+        self, servers: Sequence[ServerView], now: float
+    ) -> list[tuple[SimRequestSpec, int | RefusedError]]:
+        """One dispatch tick: expire what waited too long, then one dispatch cycle (the service's
+        ticker runs one per interval; arrivals and completions run their own)."""
+        if self.flow is None:
+            return []
+        self._now = now
+        self.flow.sweep()
+        self.flow.dispatch_once(self._candidates(servers).endpoints)
+        released, self._released = self._released, []
+        return released
+
+    def wakeup(self, now: float) -> float | None:
+        if self.flow is None or not self.flow.queued:
+            return None
+        return now + self.flow.settings.dispatch_interval
+
     def prefill_server(self, request: SimRequestSpec) -> int | None:
+        if request.request_id in self._prefills:
+            return self._prefills.pop(request.request_id)
         return self._prefill
 
     def finished(self, request: SimRequestSpec, server: int, now: float) -> None:

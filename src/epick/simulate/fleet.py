@@ -15,6 +15,10 @@ one token, as llm-d's prefill pods do; then the decode server receives the promp
 model's transfer time per token it does not hold already) and generates every output token. The
 request's TTFT is its first token from the decode server, its prefix hit the prefill server's.
 
+A policy with flow control (`Queueing`) may hold a request (`route` answers `HELD`): the fleet then
+asks it to `dispatch` after every arrival and completion, and at the wakeups it asks for (its
+dispatch ticks and expiry deadlines, in virtual time). A held request's TTFT counts its wait.
+
 Engines are `CohortEngine`s (decode steps in runs); `stepped=True` uses `SteppedEngine`, one event
 per step, the reference the fast one is tested against.
 """
@@ -34,9 +38,18 @@ from epick.sim.engine import EngineConfig, SimRequest
 from epick.sim.engine.cohort import CohortEngine
 from epick.sim.engine.kv_cache import chain_hashes
 from epick.sim.engine.timed import SteppedEngine
-from epick.simulate.types import BASE_MODEL, Disaggregating, Policy, RefusedError, ServerView, SimRequestSpec
+from epick.simulate.types import (
+    BASE_MODEL,
+    HELD,
+    Disaggregating,
+    Policy,
+    Queueing,
+    RefusedError,
+    ServerView,
+    SimRequestSpec,
+)
 
-_ARRIVE, _ENGINE = 0, 1
+_ARRIVE, _ENGINE, _DISPATCH = 0, 1, 2
 _PREFILL = "#prefill"  # suffix of the id of a request's prefill part
 _EVENTS_PER_COLLECTION = 100_000
 
@@ -67,6 +80,8 @@ class RequestRecord:
     cached_tokens: int = 0
     output_tokens: int = 0
     failed: str | None = None
+    tenant: str = ""
+    priority: int = 0
 
 
 @dataclass(slots=True)
@@ -125,13 +140,16 @@ class Fleet:
             for i in range(servers)
         ]
         self._disaggregating = policy if isinstance(policy, Disaggregating) else None
+        self._queueing = policy if isinstance(policy, Queueing) else None
+        self._held: dict[str, SimRequestSpec] = {}  # requests the policy holds
+        self._dispatch_version = 0  # the dispatch wakeup in the queue that is current
         # Prefill requests in flight: their id -> (the request, its decode server).
         self._prefilling: dict[str, tuple[SimRequestSpec, int]] = {}
         self._scraped_epoch = -1
         self._scrapes = 0
         self._now = 0.0
         self._version = [0] * servers  # the engine event in the queue that is current, per server
-        self._events: list[tuple[float, int, int, SimRequestSpec | tuple[int, int]]] = []
+        self._events: list[tuple[float, int, int, SimRequestSpec | tuple[int, int] | int]] = []
         self._seq = itertools.count()
         self._records: dict[str, RequestRecord] = {}
         self._in_flight: dict[str, SimRequestSpec] = {}
@@ -187,7 +205,7 @@ class Fleet:
             e.track_loras = on
 
     # The event queue.
-    def _push(self, time: float, kind: int, data: SimRequestSpec | tuple[int, int]) -> None:
+    def _push(self, time: float, kind: int, data: SimRequestSpec | tuple[int, int] | int) -> None:
         heapq.heappush(self._events, (time, next(self._seq), kind, data))
 
     def _engine_event(self, server: int, time: float | None) -> None:
@@ -220,14 +238,36 @@ class Fleet:
         try:
             server = self.policy.route(spec, self.views, now)
         except RefusedError as e:
-            record = RequestRecord(spec.request_id, -1, None, now, finish=now, failed=str(e))
+            record = RequestRecord(
+                spec.request_id,
+                -1,
+                None,
+                now,
+                finish=now,
+                failed=str(e),
+                tenant=spec.tenant,
+                priority=spec.priority,
+            )
             self._records[spec.request_id] = record
             return
+        if server == HELD:
+            self._records[spec.request_id] = RequestRecord(
+                spec.request_id, -1, None, now, tenant=spec.tenant, priority=spec.priority
+            )
+            self._held[spec.request_id] = spec
+            self._wake_dispatch(now)
+            return
+        record = RequestRecord(spec.request_id, server, None, now, tenant=spec.tenant, priority=spec.priority)
+        self._records[spec.request_id] = record
+        self._start(spec, record, now)
+
+    def _start(self, spec: SimRequestSpec, record: RequestRecord, now: float) -> None:
+        """Send a routed request to its server (its prompt first to the prefill server, if any)."""
+        server = record.server
         prefill = self._disaggregating.prefill_server(spec) if self._disaggregating is not None else None
         if prefill == server:
             prefill = None
-        record = RequestRecord(spec.request_id, server, prefill, now)
-        self._records[spec.request_id] = record
+        record.prefill_server = prefill
         try:
             if prefill is None:
                 self._submit(spec, server, now, remote_prefill=False)
@@ -244,6 +284,35 @@ class Fleet:
             return
         self.views[server].in_flight += 1
         self._in_flight[spec.request_id] = spec
+
+    def _wake_dispatch(self, now: float) -> None:
+        """Queue the policy's next dispatch wakeup (replacing any earlier one)."""
+        if self._queueing is None:
+            return
+        at = self._queueing.wakeup(now)
+        if at is not None:
+            self._dispatch_version += 1
+            self._push(max(at, now), _DISPATCH, self._dispatch_version)
+
+    def _dispatch(self, now: float) -> None:
+        """Start the held requests the policy releases now, fail the ones it refuses."""
+        if self._queueing is None or not self._held:
+            return
+        if self.policy.reads_metrics:
+            self._scrape(now)
+        for spec, outcome in self._queueing.dispatch(self.views, now):
+            self._held.pop(spec.request_id, None)
+            record = self._records[spec.request_id]
+            if isinstance(outcome, RefusedError):
+                record.failed = str(outcome)
+                record.finish = now
+                self._done(spec, now)
+                continue
+            record.server = outcome
+            self._start(spec, record, now)
+            if record.failed is not None:
+                self._done(spec, now)
+        self._wake_dispatch(now)
 
     def _engine_request(
         self,
@@ -308,6 +377,8 @@ class Fleet:
             spec = self._in_flight.pop(req.request_id)
             self.policy.finished(spec, server, now)
             self._done(spec, now)
+        if finished and self._held:
+            self._dispatch(now)  # capacity freed
 
     def run(self, specs: Iterable[SimRequestSpec], arrivals: Arrivals, rng: random.Random) -> FleetResult:
         """Simulate until every request has finished or failed."""
@@ -335,6 +406,9 @@ class Fleet:
         finally:
             if collecting:
                 gc.enable()
+        for spec in self._held.values():  # a policy that never released them
+            record = self._records[spec.request_id]
+            record.failed, record.finish = "still held by the router when the run ended", clock
         # A later turn whose earlier turn never finished cannot run: it counts as failed.
         for waiting in self._followers.values():
             for spec in waiting:
@@ -360,6 +434,9 @@ class Fleet:
                 server, v = data
                 if v == version[server]:
                     self._engine_due(server, clock)
+            elif kind == _DISPATCH:
+                if data == self._dispatch_version:
+                    self._dispatch(clock)
             else:
                 assert isinstance(data, SimRequestSpec)
                 self._arrive(data, clock)

@@ -72,7 +72,42 @@ def summarize(policy: str, load: float | None, result: FleetResult, slo: SLO) ->
         "failed": len(result.records) - len(done),
         "failure_reasons": failure_reasons(result),
         "makespan_s": result.makespan,
+        **tenancy(result),
     }
+
+
+def jain(values: list[float]) -> float:
+    """Jain's fairness index: (Σx)² / (n·Σx²), 1 when all are equal, 1/n when one has everything."""
+    square = sum(v * v for v in values)
+    return sum(values) ** 2 / (len(values) * square) if square else 1.0
+
+
+def tenancy(result: FleetResult) -> dict[str, Any]:
+    """With tenants or priorities: each priority's latency and completion, each tenant's share of the
+    output tokens served, and Jain's index over those shares."""
+    records = result.records
+    if not any(r.tenant or r.priority for r in records):
+        return {}
+    by_priority: dict[str, Any] = {}
+    for priority in sorted({r.priority for r in records}, reverse=True):
+        mine = [r for r in records if r.priority == priority]
+        done = [r for r in mine if r.failed is None and r.first_token is not None and r.finish is not None]
+        ttft = [r.first_token - r.arrival for r in done if r.first_token is not None]
+        by_priority[str(priority)] = {
+            "requests": len(mine),
+            "completed": len(done),
+            "completion": len(done) / len(mine),
+            "ttft_s": {"p50": percentile(ttft, 50), "p90": percentile(ttft, 90), "p99": percentile(ttft, 99)},
+            "last_finish_s": max((r.finish for r in done if r.finish is not None), default=float("nan")),
+        }
+    served: dict[str, int] = {}
+    for r in records:
+        served.setdefault(r.tenant, 0)
+        if r.failed is None and r.finish is not None:
+            served[r.tenant] += r.output_tokens
+    total = sum(served.values())
+    shares = {t: (n / total if total else 0.0) for t, n in sorted(served.items())}
+    return {"by_priority": by_priority, "tenant_share": shares, "fairness_jain": jain(list(shares.values()))}
 
 
 def failure_reasons(result: FleetResult) -> list[dict[str, Any]]:

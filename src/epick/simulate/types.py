@@ -37,6 +37,8 @@ class SimRequestSpec:
     # already (a shared prefix), so that building the prompt spells only the rest.
     known_text: str = ""
     known_text_tokens: int = 0
+    tenant: str = ""  # the fairness id the client sends ("" : none)
+    priority: int = 0  # its objective's priority (< 0: sheddable)
 
     @property
     def prompt(self) -> str:
@@ -68,6 +70,9 @@ class ServerView:
     cached_tokens: Callable[[SimRequestSpec], int] = field(repr=False, default=lambda request: 0)
 
 
+HELD = -1  # `Policy.route`'s answer when the policy holds the request (flow control) to dispatch later
+
+
 class RefusedError(Exception):
     """Raised by `Policy.route` when the policy turns the request away, as the service answers 429 or
     503 when no endpoint passes the filters: the fleet counts the request as failed, with this reason."""
@@ -86,6 +91,21 @@ class Policy(Protocol):
         ...
 
     def finished(self, request: SimRequestSpec, server: int, now: float) -> None: ...
+
+
+@runtime_checkable
+class Queueing(Protocol):
+    """A policy that may hold requests (`route` answered `HELD`) and dispatch them later."""
+
+    def dispatch(
+        self, servers: Sequence[ServerView], now: float
+    ) -> list[tuple[SimRequestSpec, int | RefusedError]]:
+        """Held requests that leave now: each with its server, or why it was refused (expired)."""
+        ...
+
+    def wakeup(self, now: float) -> float | None:
+        """When `dispatch` should run next while nothing else happens (None: nothing is held)."""
+        ...
 
 
 @runtime_checkable

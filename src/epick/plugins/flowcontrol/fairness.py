@@ -6,12 +6,15 @@ roundrobin}):
 - `global-strict-fairness-policy`: no fairness at all. Of the band's non-empty queues it picks the one
   whose head item comes first by the queues' ordering policy, making the band one logical queue. Every
   queue of the band must be ordered by the same ordering-policy type: a pick that meets two raises
-  `IncompatiblePriorityTypeError` (upstream's ErrIncompatiblePriorityType). Equal heads: the queue
-  met first wins. It keeps no state (`new_state` is None).
+  `IncompatiblePriorityTypeError` (upstream's ErrIncompatiblePriorityType). Equal heads: the head that
+  arrived first wins. It keeps no state (`new_state` is None). A band that keeps its heads in order
+  (`first_queue`, as epick's flow controller does: a band has one ordering policy) answers without a
+  scan; otherwise every non-empty queue is compared.
 - `round-robin-fairness-policy`: a cursor per band remembers the flow picked last. The band's flows,
   empty ones included, are sorted by `FlowKey.sort_key` (upstream's FlowKey.Compare); the scan starts
   just after the remembered flow (at the first flow when it has gone) and takes the first non-empty
-  queue; when every queue is empty the cursor is cleared.
+  queue; when every queue is empty the cursor is cleared. The sorted flows are kept until the band's
+  `generation` changes (upstream sorts on every pick).
 
 Deviations: a pick raises where upstream returns an error; the round-robin cursor has no lock (the
 flow controller calls a band's policy from its one dispatch loop).
@@ -19,7 +22,7 @@ flow controller calls a band's policy from its one dispatch loop).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from epick.framework import NamedPlugin, Reads
@@ -50,6 +53,14 @@ class GlobalStrictFairnessPolicy(NamedPlugin):
         return None
 
     def pick_flow(self, band: PriorityBand, now: float) -> FlowQueue | None:
+        first_queue = getattr(band, "first_queue", None)
+        if first_queue is not None:
+            found: FlowQueue | None = first_queue()
+            return found
+        return self.scan(band)
+
+    def scan(self, band: PriorityBand) -> FlowQueue | None:
+        """Compare every non-empty queue's head (for a band that does not keep them in order)."""
         best: FlowQueue | None = None
         best_type = ""
         best_key: Any = None
@@ -76,6 +87,9 @@ class RoundRobinCursor:
     """A band's round-robin state: the flow picked last."""
 
     last_selected: FlowKey | None = None
+    generation: int = -1  # the band generation `keys` was sorted at
+    keys: list[FlowKey] = field(default_factory=list)
+    index: dict[FlowKey, int] = field(default_factory=dict)
 
 
 class RoundRobinFairnessPolicy(NamedPlugin):
@@ -92,17 +106,20 @@ class RoundRobinFairnessPolicy(NamedPlugin):
                 f"invalid state type for {ROUND_ROBIN_TYPE}: expected RoundRobinCursor, "
                 f"got {type(cursor).__name__}"
             )
-        keys = sorted(band.flow_keys(), key=FlowKey.sort_key)
+        generation = getattr(band, "generation", None)
+        if generation is None or generation != cursor.generation:
+            cursor.keys = sorted(band.flow_keys(), key=FlowKey.sort_key)
+            cursor.index = {k: i for i, k in enumerate(cursor.keys)}
+            cursor.generation = -1 if generation is None else generation
+        keys = cursor.keys
         n = len(keys)
         if n == 0:
             cursor.last_selected = None
             return None
         start = 0
         if cursor.last_selected is not None:
-            try:
-                start = (keys.index(cursor.last_selected) + 1) % n
-            except ValueError:
-                start = 0  # the flow picked last has gone: start over
+            last = cursor.index.get(cursor.last_selected)
+            start = 0 if last is None else (last + 1) % n  # the flow picked last gone: start over
         for i in range(n):
             key = keys[(start + i) % n]
             queue = band.queue(key.id)

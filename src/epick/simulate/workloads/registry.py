@@ -15,6 +15,7 @@ from epick.simulate.workloads.lora_mix import LoraMix
 from epick.simulate.workloads.multi_turn import MultiTurn
 from epick.simulate.workloads.shared_prefix import SharedPrefix
 from epick.simulate.workloads.sharegpt_like import ShareGPTLike
+from epick.simulate.workloads.tenancy import TENANCY_PARAMS, Tenancy, TenantWorkload
 from epick.simulate.workloads.trace import Trace
 
 WORKLOADS: dict[str, type[Workload]] = {
@@ -84,7 +85,10 @@ def _convert(kind: str, name: str, value: str | int | float, target: Any) -> obj
 def build_workload(kind: str, params: Mapping[str, str | int | float]) -> Workload:
     """The workload `kind` with `params` (kebab-case names, e.g. `prompts-per-group`; values as given on
     a command line, strings converted to the field's type). Unknown kinds or parameters, bad values and
-    missing required parameters raise `WorkloadError` listing the valid ones."""
+    missing required parameters raise `WorkloadError` listing the valid ones. Any workload also takes
+    `tenants`, `tenant-weights` and `priorities` (workloads/tenancy.py)."""
+    params = {_param(k.strip()): v for k, v in params.items()}
+    tenancy = Tenancy.parse(params)
     cls = _workload_class(kind)
     fields = {_param(f.name): f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     hints = get_type_hints(cls)
@@ -93,9 +97,8 @@ def build_workload(kind: str, params: Mapping[str, str | int | float]) -> Worklo
         name = _param(raw_name.strip())
         field = fields.get(name)
         if field is None:
-            raise WorkloadError(
-                f"unknown parameter {raw_name!r} for workload {kind}; valid: {', '.join(fields)}"
-            )
+            valid = ", ".join([*fields, *TENANCY_PARAMS])
+            raise WorkloadError(f"unknown parameter {raw_name!r} for workload {kind}; valid: {valid}")
         kwargs[field.name] = _convert(kind, name, value, hints[field.name])
     missing = [
         name
@@ -107,4 +110,6 @@ def build_workload(kind: str, params: Mapping[str, str | int | float]) -> Worklo
     if missing:
         raise WorkloadError(f"workload {kind} needs parameter {', '.join(missing)}")
     workload: Workload = cls(**kwargs)
+    if tenancy is not None:
+        return TenantWorkload(workload, tenancy)
     return workload
