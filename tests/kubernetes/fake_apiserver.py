@@ -41,6 +41,10 @@ def _rewrite_resource(group: str, version: str) -> str:
     return f"{group}/{version}/inferencemodelrewrites"
 
 
+def _objective_resource(group: str, version: str) -> str:
+    return f"{group}/{version}/inferenceobjectives"
+
+
 # label selectors
 
 
@@ -175,6 +179,7 @@ class FakeApiServer:
         self.served_pool_versions: set[tuple[str, str]] = {POOL_V1, POOL_V1ALPHA2}
         self.served_rewrite_versions: set[tuple[str, str]] = {REWRITES_GIE, REWRITES_LLMD}
         self.forbidden_rewrite_versions: set[tuple[str, str]] = set()
+        self.served_objective_versions: set[tuple[str, str]] = {REWRITES_GIE, REWRITES_LLMD}
         self.gone_as_event = False
         self.timeout_scale = 1.0
         self.requests: list[tuple[str, dict[str, str]]] = []  # (path, query) of every request
@@ -195,6 +200,7 @@ class FakeApiServer:
         app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/inferencepools", self._pools)
         app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/inferencepools/{name}", self._pool)
         app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/inferencemodelrewrites", self._rewrites)
+        app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/inferenceobjectives", self._objectives)
         app.router.add_route("*", "/{tail:.*}", self._not_found)
         app.middlewares.append(self._record)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
@@ -349,6 +355,29 @@ class FakeApiServer:
         self, name: str, *, namespace: str = "default", api: tuple[str, str] = REWRITES_GIE
     ) -> None:
         self._delete(_rewrite_resource(*api), namespace, name)
+
+    def put_objective(
+        self,
+        name: str,
+        spec: Json,
+        *,
+        namespace: str = "default",
+        api: tuple[str, str] = REWRITES_GIE,
+        created: str = "2025-01-01T00:00:00Z",
+    ) -> Json:
+        """Create or update an InferenceObjective (the spec is stored as given, valid or not)."""
+        obj = {
+            "apiVersion": f"{api[0]}/{api[1]}",
+            "kind": "InferenceObjective",
+            "metadata": {"name": name, "namespace": namespace, "creationTimestamp": created},
+            "spec": copy.deepcopy(spec),
+        }
+        return self._put(_objective_resource(*api), namespace, name, obj)
+
+    def delete_objective(
+        self, name: str, *, namespace: str = "default", api: tuple[str, str] = REWRITES_GIE
+    ) -> None:
+        self._delete(_objective_resource(*api), namespace, name)
 
     def expire_history(self) -> None:
         """Forget the event log, as compaction does: a watch from any resourceVersion handed out so far is
@@ -508,6 +537,19 @@ class FakeApiServer:
             ns,
             lambda obj: True,
             list_kind="InferenceModelRewriteList",
+            api_version=f"{group}/{version}",
+        )
+
+    async def _objectives(self, request: web.Request) -> web.StreamResponse:
+        group, version, ns = (request.match_info[k] for k in ("group", "version", "ns"))
+        if (group, version) not in self.served_objective_versions:
+            return _error(404, "NotFound", "the server could not find the requested resource")
+        return await self._list_or_watch(
+            request,
+            _objective_resource(group, version),
+            ns,
+            lambda obj: True,
+            list_kind="InferenceObjectiveList",
             api_version=f"{group}/{version}",
         )
 

@@ -170,7 +170,7 @@ async def test_a_group_not_installed_or_forbidden_leaves_the_other_working(
     with caplog.at_level(logging.INFO):
         service = await start_service(fake, sim, tmp_path)
     try:
-        assert "forbidden" in caplog.text and "model rewrites from this group are off" in caplog.text
+        assert "forbidden" in caplog.text and "InferenceModelRewrites from this group are off" in caplog.text
         assert await served_as(service, "alias") == (200, SERVED)
     finally:
         await service.stop()

@@ -24,6 +24,8 @@ from epick.datalayer.discovery.kubernetes import KubernetesDiscovery
 from epick.datalayer.discovery.static import DiscoveryError, load_endpoints_file, parse_endpoints_flag
 from epick.datalayer.health import EndpointHealth, OutlierPolicy
 from epick.datalayer.models import ModelCatalog
+from epick.datalayer.objectives import Objective
+from epick.datalayer.objectives import priorities as objective_priorities
 from epick.datalayer.rewrites import ModelRewrites, Rewrite, RewriteError, for_pool, parse_rewrites
 from epick.datalayer.scraper import ScraperPool
 from epick.extproc.server import ExtProcOptions, ExtProcServer
@@ -46,6 +48,8 @@ class KubernetesOptions:
     kubeconfig: str | None = None
     # With a pool: watch the InferenceModelRewrites whose poolRef names it (beside any rewrites file).
     watch_rewrites: bool = True
+    # With a pool: watch its InferenceObjectives (objective name -> priority, beside --objective).
+    watch_objectives: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +180,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="with --pool-name: also follow the pool's InferenceModelRewrite resources in the cluster",
     )
     p.add_argument(
+        "--watch-objectives",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --pool-name: also follow the pool's InferenceObjective resources (request priorities)",
+    )
+    p.add_argument(
         "--expose-endpoint",
         action="store_true",
         help="proxy: name the serving endpoint (x-epick-endpoint) and failed ones in error bodies",
@@ -216,6 +226,7 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
                 target_ports=ports if args.endpoint_selector else (),
                 kubeconfig=args.kubeconfig,
                 watch_rewrites=args.watch_model_rewrites,
+                watch_objectives=args.watch_objectives,
             )
         objectives = []
         for item in args.objective:
@@ -335,6 +346,7 @@ class Service:
                 target_ports=list(k8s.target_ports) or None,
                 kubeconfig=k8s.kubeconfig,
                 on_rewrites=self._cluster_rewrites_changed if k8s.pool and k8s.watch_rewrites else None,
+                on_objectives=self._cluster_objectives_changed if k8s.pool and k8s.watch_objectives else None,
             )
 
     def _load(self, previous: LoadedConfig | None = None) -> LoadedConfig:
@@ -343,6 +355,10 @@ class Service:
     def _rewrites(self) -> ModelRewrites:
         """The rewrites in force: the file's and the cluster's, under GIE's precedence."""
         return ModelRewrites((*self._file_rewrites, *self._cluster_rewrites), self._rewrite_rng)
+
+    def _cluster_objectives_changed(self, found: list[Objective]) -> None:
+        """The pool's InferenceObjectives changed: they name priorities, over the --objective flags."""
+        self.director.set_objectives({**dict(self.options.objectives), **objective_priorities(found)})
 
     def _cluster_rewrites_changed(self, rewrites: list[Rewrite]) -> None:
         self._cluster_rewrites = rewrites

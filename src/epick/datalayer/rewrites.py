@@ -29,6 +29,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from epick.datalayer.resources import pool_resource
+
 API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha2", "llm-d.ai/v1alpha2")
 KIND = "InferenceModelRewrite"
 MAX_WEIGHT = 1_000_000
@@ -98,32 +100,12 @@ class ModelRewrites:
 
 def parse_rewrite(obj: Mapping[str, Any], where: str = "") -> Rewrite:
     """One resource, validated as the CRD validates it; `where` prefixes error messages."""
-    at = f"{where}: " if where else ""
-    if not isinstance(obj, Mapping):
-        raise RewriteError(f"{at}an {KIND} must be a mapping")
-    if obj.get("kind") != KIND:
-        raise RewriteError(f"{at}kind must be {KIND}, got {obj.get('kind')!r}")
-    if obj.get("apiVersion") not in API_VERSIONS:
-        versions = ", ".join(API_VERSIONS)
-        raise RewriteError(f"{at}apiVersion must be one of {versions}, got {obj.get('apiVersion')!r}")
-    meta = obj.get("metadata") or {}
-    name = meta.get("name") if isinstance(meta, Mapping) else None
-    if not isinstance(name, str) or not name:
-        raise RewriteError(f"{at}metadata.name is required")
-    at = f"{at}{KIND} {name!r}: "
-    spec = obj.get("spec")
-    if not isinstance(spec, Mapping):
-        raise RewriteError(f"{at}spec is required")
-    pool_ref = spec.get("poolRef")
-    pool = pool_ref.get("name") if isinstance(pool_ref, Mapping) else None
-    if not isinstance(pool, str) or not pool:
-        raise RewriteError(f"{at}spec.poolRef.name is required")
-    rules = spec.get("rules")
+    r = pool_resource(obj, KIND, API_VERSIONS, where, RewriteError)
+    rules = r.spec.get("rules")
     if not isinstance(rules, list) or not rules:
-        raise RewriteError(f"{at}spec.rules must be a non-empty list")
-    created = meta.get("creationTimestamp") or ""
-    parsed = tuple(_rule(r, f"{at}spec.rules[{i}]") for i, r in enumerate(rules))
-    return Rewrite(name, pool, str(created), parsed)
+        raise RewriteError(f"{r.at}spec.rules must be a non-empty list")
+    parsed = tuple(_rule(rule, f"{r.at}spec.rules[{i}]") for i, rule in enumerate(rules))
+    return Rewrite(r.name, r.pool, r.created, parsed)
 
 
 def _rule(raw: Any, at: str) -> Rule:

@@ -116,6 +116,12 @@ class Director:
         self.admission: FlowAdmission | None = self._admission(config)
         datastore.subscribe(self._endpoint_changed)
 
+    def set_objectives(self, objectives: Mapping[str, int]) -> None:
+        """Objective name -> priority (InferenceObjectives changed); flow control keeps their bands."""
+        self.objectives = dict(objectives)
+        if self.admission is not None:
+            self.admission.set_desired_priorities(sorted(set(self.objectives.values())))
+
     def _admission(self, config: LoadedConfig) -> FlowAdmission | None:
         if config.flow_control is None:
             return None

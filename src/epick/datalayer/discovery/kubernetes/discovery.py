@@ -28,7 +28,13 @@ from epick.datalayer.discovery.kubernetes.pool import (
     endpoints_of,
 )
 from epick.datalayer.discovery.kubernetes.reflector import Reflector, _Collection
-from epick.datalayer.discovery.kubernetes.rewrites import RewritesHandler, RewriteWatch
+from epick.datalayer.discovery.kubernetes.resources import PoolResourceWatch
+from epick.datalayer.discovery.kubernetes.rewrites import (
+    ObjectivesHandler,
+    RewritesHandler,
+    objective_watch,
+    rewrite_watch,
+)
 from epick.datalayer.discovery.static import DiscoveryError
 
 log = logging.getLogger(__name__)
@@ -44,7 +50,8 @@ class KubernetesDiscovery:
     default kubeconfig; a client made here is closed by `stop()`, one passed in is left open.
 
     With `on_rewrites` (and a pool), the InferenceModelRewrites whose poolRef names the pool are watched
-    too, and `on_rewrites` gets the whole set after every change (first before `start()` returns).
+    too, and `on_rewrites` gets the whole set after every change (first before `start()` returns);
+    likewise its InferenceObjectives with `on_objectives`.
     """
 
     def __init__(
@@ -61,6 +68,7 @@ class KubernetesDiscovery:
         request_timeout_s: float = 30.0,
         backoff_s: tuple[float, float] = (0.5, 30.0),
         on_rewrites: RewritesHandler | None = None,
+        on_objectives: ObjectivesHandler | None = None,
     ) -> None:
         if not namespace:
             raise DiscoveryError("Kubernetes discovery: a namespace is required")
@@ -68,9 +76,10 @@ class KubernetesDiscovery:
             raise DiscoveryError(
                 "Kubernetes discovery: give either an InferencePool name or a label selector"
             )
-        if on_rewrites is not None and pool is None:
+        if (on_rewrites is not None or on_objectives is not None) and pool is None:
             raise DiscoveryError(
-                "Kubernetes discovery: model rewrites are watched for an InferencePool; give its name"
+                "Kubernetes discovery: model rewrites and objectives are watched for an InferencePool; "
+                "give its name"
             )
         if api_client is not None and kubeconfig is not None:
             raise DiscoveryError("Kubernetes discovery: give an API client or a kubeconfig, not both")
@@ -103,7 +112,8 @@ class KubernetesDiscovery:
         self._pod_task: asyncio.Task[None] | None = None
         self._pool_task: asyncio.Task[None] | None = None
         self._on_rewrites = on_rewrites
-        self._rewrites: RewriteWatch | None = None
+        self._on_objectives = on_objectives
+        self._watches: list[PoolResourceWatch[Any]] = []
         self._started = False
 
     # public
@@ -137,10 +147,18 @@ class KubernetesDiscovery:
             pod_rv = await self._initial_pods()
             if self._on_rewrites is not None:
                 assert self._pool is not None
-                self._rewrites = RewriteWatch(
+                watch: PoolResourceWatch[Any] = rewrite_watch(
                     self._reflector, self._api_client, self._namespace, self._pool, self._on_rewrites
                 )
-                await self._rewrites.start()
+                self._watches.append(watch)
+                await watch.start()
+            if self._on_objectives is not None:
+                assert self._pool is not None
+                watch = objective_watch(
+                    self._reflector, self._api_client, self._namespace, self._pool, self._on_objectives
+                )
+                self._watches.append(watch)
+                await watch.start()
         except DiscoveryError:
             await self._close_client()
             raise
@@ -174,9 +192,9 @@ class KubernetesDiscovery:
         """Stop watching (the datastore keeps what it has) and close a client made by `start()`."""
         pool_task, self._pool_task = self._pool_task, None
         await _cancel(pool_task)
-        rewrites, self._rewrites = self._rewrites, None
-        if rewrites is not None:
-            await rewrites.stop()
+        watches, self._watches = self._watches, []
+        for watch in watches:
+            await watch.stop()
         await self._stop_pods()
         await self._close_client()
 
