@@ -197,5 +197,11 @@ flowControl:
     assert any("'saturationDetector' is deprecated upstream" in w for w in config.warnings)
 
 
+def test_enable_eviction_is_said_to_have_no_effect_yet() -> None:
+    config = load("featureGates: [flowControl]\nflowControl: {enableEviction: true}\n")
+    assert config.flow_control is not None and config.flow_control.enable_eviction
+    assert any(w.startswith("flowControl.enableEviction has no effect yet") for w in config.warnings)
+
+
 def test_a_gate_turned_off_explicitly() -> None:
     assert load("featureGates: ['flowControl=false']\n").flow_control is None

@@ -810,6 +810,12 @@ class _Builder:
                 self.fail(
                     f"flowControl.{key}", f"must be non-negative, got {value}", "use 0 for no global limit"
                 )
+        if section.enable_eviction:
+            self.warnings.append(
+                "flowControl.enableEviction has no effect yet: epick does not evict in-flight requests "
+                "(upstream's demand-driven reclamation); queued requests still wait, expire and are refused "
+                "as configured"
+            )
         if usage_limit is None:
             return None  # reported; the bands were still checked
         ttl = section.default_request_ttl
