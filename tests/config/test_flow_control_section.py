@@ -197,10 +197,13 @@ flowControl:
     assert any("'saturationDetector' is deprecated upstream" in w for w in config.warnings)
 
 
-def test_enable_eviction_is_said_to_have_no_effect_yet() -> None:
-    config = load("featureGates: [flowControl]\nflowControl: {enableEviction: true}\n")
-    assert config.flow_control is not None and config.flow_control.enable_eviction
-    assert any(w.startswith("flowControl.enableEviction has no effect yet") for w in config.warnings)
+def test_enable_eviction_brings_upstreams_victim_filter_and_order() -> None:
+    s = flow("flowControl: {enableEviction: true}\n")
+    assert s.enable_eviction
+    assert s.eviction_filter is not None and s.eviction_filter.typed_name.type == "sheddable-eviction-filter"
+    assert s.eviction_ordering is not None
+    assert s.eviction_ordering.typed_name.type == "priority-then-time-eviction-order-policy"
+    assert flow("").eviction_filter is None
 
 
 def test_a_gate_turned_off_explicitly() -> None:

@@ -31,6 +31,14 @@ async def gated(make_app: MakeApp) -> AsyncIterator[FakeModelServer]:
     fake.gate.set()
 
 
+@pytest.fixture
+async def hung(make_app: MakeApp) -> AsyncIterator[FakeModelServer]:
+    fake = FakeModelServer("hang")
+    fake.server = await make_app(fake.app())
+    yield fake
+    fake.gate.set()
+
+
 @asynccontextmanager
 async def gateway_for(tmp: Path, fake: FakeModelServer, **config: object) -> AsyncIterator[Gateway]:
     host, _, port = fake.name.rpartition(":")
@@ -93,3 +101,25 @@ async def test_a_client_gone_while_queued_leaves_the_queue(tmp_path: Path, gated
             gated.gate.set()
             assert (await first)[0] == 200
         assert served(gated) == ["A"]
+
+
+async def test_an_evicted_request_gets_an_immediate_429(tmp_path: Path, hung: FakeModelServer) -> None:
+    async with gateway_for(tmp_path, hung, eviction=True) as gw:
+        gw.service.director.set_objectives({"urgent": 10, "batch": -5})
+        async with aiohttp.ClientSession() as session:
+
+            async def post_as(name: str, objective: str) -> tuple[int, str]:
+                body = {"model": MODEL, "prompt": name, "max_tokens": 2}
+                headers = {"x-request-id": name, "x-gateway-inference-objective": objective}
+                async with session.post(gw.url + "/v1/completions", json=body, headers=headers) as r:
+                    await r.read()
+                    return r.status, r.headers.get(DROPPED_REASON_HEADER, "")
+
+            batch = asyncio.create_task(post_as("batch", "batch"))
+            await wait_until(lambda: len(hung.requests) == 1, what="the batch request at the model server")
+            urgent = asyncio.create_task(post_as("urgent", "urgent"))
+            assert await batch == (429, "evicted")
+            await wait_until(lambda: len(hung.requests) == 2, what="the urgent request at the model server")
+            hung.gate.set()
+            assert (await urgent)[0] == 200
+        assert served(hung) == ["batch", "urgent"]

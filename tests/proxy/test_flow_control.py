@@ -17,7 +17,9 @@ from tests.datalayer.pages import wait_until
 from tests.proxy.conftest import MODEL, MakeService, proxy_url
 
 
-def flow_config(*, band_limit: int = 100, ttl: str = "60s", concurrency: int = 1) -> LoadedConfig:
+def flow_config(
+    *, band_limit: int = 100, ttl: str = "60s", concurrency: int = 1, eviction: bool = False
+) -> LoadedConfig:
     """One request in flight per endpoint at most (the concurrency detector), two bands."""
     return load_config_text(
         f"""\
@@ -36,6 +38,7 @@ schedulingProfiles:
   - pluginRef: queue-scorer
   - pluginRef: max-score-picker
 flowControl:
+  enableEviction: {str(eviction).lower()}
   defaultRequestTTL: {ttl}
   saturationDetector: {{pluginRef: concurrency-detector}}
   priorityBands:
@@ -185,3 +188,28 @@ async def test_overload_from_many_tenants_every_request_answered_once(
     later = [int(name[1:]) % 3 == 0 for name in served[4:]]  # after the first four, dispatched from queues
     assert later == sorted(later, reverse=True)  # every urgent one before any other
     assert admission.queued == 0
+
+
+async def test_a_sheddable_request_in_flight_is_evicted_for_a_waiting_urgent_one(
+    make_fake: object, make_service: MakeService, http: aiohttp.ClientSession
+) -> None:
+    """enableEviction: the pool is full with a batch (priority -5) request the model server has not
+    answered yet; an urgent (10) one arrives and waits; flow control evicts the batch request (its
+    client gets 429 `evicted`, its model-server connection closes) and the urgent one goes."""
+    fake = await make_fake("hang")  # type: ignore[operator]
+    service = await make_service(
+        [fake.name], flow_config(eviction=True), objectives=(("urgent", 10), ("batch", -5))
+    )
+    url = proxy_url(service)
+    batch = asyncio.create_task(send(http, url, "batch", "x", "batch"))
+    await wait_until(lambda: len(fake.requests) == 1, what="the batch request at the model server")
+    urgent = asyncio.create_task(send(http, url, "urgent", "y", "urgent"))
+    _, status, reason = await batch
+    assert (status, reason) == (429, "evicted")
+    await wait_until(lambda: len(fake.requests) == 2, what="the urgent request at the model server")
+    assert served_order(fake) == ["batch", "urgent"]
+    fake.gate.set()
+    assert (await urgent)[1] == 200
+    admission = service.director.admission
+    assert admission is not None and admission.controller.reclamation is not None
+    assert admission.controller.reclamation.issued == 1

@@ -70,7 +70,13 @@ from epick.framework import (
     Scorer,
     WeightedScorer,
 )
-from epick.framework.flowcontrol import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
+from epick.framework.flowcontrol import (
+    EvictionFilterPolicy,
+    EvictionOrderingPolicy,
+    FairnessPolicy,
+    OrderingPolicy,
+    UsageLimitPolicy,
+)
 from epick.plugins.filters.utilization import UtilizationDetector, UtilizationParameters
 from epick.plugins.parsers import PARSER_TYPES
 from epick.plugins.prerequest.prefill_header import PrefillHeaderHandler
@@ -83,6 +89,9 @@ FLOW_CONTROL_GATE = "flowControl"
 DEFAULT_ORDERING_POLICY = "fcfs-ordering-policy"
 DEFAULT_FAIRNESS_POLICY = "global-strict-fairness-policy"
 DEFAULT_USAGE_LIMIT_POLICY = "static-usage-limit-policy"
+# In-flight eviction's victim filter and order (upstream's cmd/epp/runner/runner.go buildRequestEvictor).
+EVICTION_FILTER = "sheddable-eviction-filter"
+EVICTION_ORDERING = "priority-then-time-eviction-order-policy"
 
 
 def load_config(
@@ -810,12 +819,9 @@ class _Builder:
                 self.fail(
                     f"flowControl.{key}", f"must be non-negative, got {value}", "use 0 for no global limit"
                 )
-        if section.enable_eviction:
-            self.warnings.append(
-                "flowControl.enableEviction has no effect yet: epick does not evict in-flight requests "
-                "(upstream's demand-driven reclamation); queued requests still wait, expire and are refused "
-                "as configured"
-            )
+        eviction_filter, eviction_ordering = (
+            self._eviction_policies() if section.enable_eviction else (None, None)
+        )
         if usage_limit is None:
             return None  # reported; the bands were still checked
         ttl = section.default_request_ttl
@@ -832,7 +838,25 @@ class _Builder:
             default_request_ttl=DEFAULT_REQUEST_TTL if ttl is None else ttl,
             no_endpoint_request_ttl=DEFAULT_REQUEST_TTL if no_endpoint_ttl is None else no_endpoint_ttl,
             enable_eviction=section.enable_eviction,
+            eviction_filter=eviction_filter,
+            eviction_ordering=eviction_ordering,
         )
+
+    def _eviction_policies(self) -> tuple[EvictionFilterPolicy | None, EvictionOrderingPolicy | None]:
+        """In-flight eviction's victim filter and order: upstream wires these two, whatever the
+        config defines."""
+        found_filter = self._default_instance(EVICTION_FILTER)
+        found_ordering = self._default_instance(EVICTION_ORDERING)
+        if isinstance(found_filter, EvictionFilterPolicy) and isinstance(
+            found_ordering, EvictionOrderingPolicy
+        ):
+            return found_filter, found_ordering
+        self.fail(
+            "flowControl.enableEviction",
+            f"in-flight eviction needs the {EVICTION_FILTER} and {EVICTION_ORDERING} plugin types, "
+            "which this registry lacks",
+        )
+        return None, None
 
     def _flow_ref(self, ref: str, path: str, default: bool) -> Plugin | None:
         """The plugin `ref` names; a default reference (upstream's default policies, by type name)

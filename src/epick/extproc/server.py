@@ -11,6 +11,7 @@ JSON body. Response headers, body chunks and the end of the stream run the direc
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from epick.extproc.exchange import Exchange
+from epick.extproc.messages import immediate
+from epick.requestcontrol.admission import evicted_error
 from epick.requestcontrol.director import Director
 
 if TYPE_CHECKING:
@@ -39,8 +42,27 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self, requests: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ProcessingResponse]:
         exchange = Exchange(self.director)
+        messages = aiter(requests)
+        evicted: asyncio.Event | None = None
         try:
-            async for message in requests:
+            while True:
+                decision = exchange.decision
+                if evicted is None and decision is not None and decision.eviction is not None:
+                    evicted = asyncio.Event()
+                    decision.eviction.on_evict(evicted.set)
+                try:
+                    if evicted is None:
+                        message = await anext(messages)
+                    else:
+                        message = await _next_unless(messages, evicted)
+                except StopAsyncIteration:
+                    return
+                if message is None:  # evicted by flow control: Envoy resets the upstream request
+                    if not exchange.completed:
+                        assert exchange.decision is not None
+                        log.info("request %s evicted by flow control", exchange.decision.request.request_id)
+                        yield immediate(evicted_error())
+                    return
                 for answer in exchange.handle(message):
                     yield answer
                 if exchange.pending is not None:  # waiting in flow control
@@ -50,6 +72,25 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                     return
         finally:
             exchange.abandon()
+
+
+async def _next_unless(
+    messages: AsyncIterator[pb.ProcessingRequest], event: asyncio.Event
+) -> pb.ProcessingRequest | None:
+    """The stream's next message, or None once `event` is set first."""
+    if event.is_set():
+        return None
+    receive = asyncio.ensure_future(anext(messages))
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({receive, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        if not receive.done():
+            receive.cancel()
+    if receive.done() and not receive.cancelled():
+        return receive.result()  # raises StopAsyncIteration at the stream's end
+    return None
 
 
 @dataclass(frozen=True, slots=True)

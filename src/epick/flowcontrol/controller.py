@@ -16,6 +16,8 @@ Upstream's semantics (llm-d/llm-d-router, pkg/epp/flowcontrol/controller/interna
   last change between the two regimes. Past it, it is evicted (`EvictedTTL` /
   `EvictedNoEndpoints`). A zero budget never expires.
 - `cancel` removes a request whose client went away, at once (`EvictedContextCancelled`).
+- With `enableEviction`, dispatched requests are tracked (`track` / `finished`), and a cycle stopped
+  at a gated band with waiting demand may evict lower-priority ones (eviction.py).
 
 Every request gets exactly one outcome, passed to its `on_finalize` callback. The controller does
 no I/O and is not thread-safe: one event loop (or the simulator) drives it.
@@ -31,12 +33,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
+from epick.flowcontrol.eviction import DEFAULT_CONFIRMATION_GRACE, InFlight, Reclamation
 from epick.flowcontrol.outcomes import Outcome
 from epick.flowcontrol.queues import FlowItem
 from epick.flowcontrol.registry import BandStats, Registry
 from epick.flowcontrol.settings import FlowControlSettings
 from epick.framework.endpoint import ROLE_LABEL, Endpoint
-from epick.framework.flowcontrol import DEFAULT_FAIRNESS_ID, FlowKey
+from epick.framework.flowcontrol import DEFAULT_FAIRNESS_ID, EvictionItem, FlowKey
 from epick.framework.interfaces import SaturationDetector
 from epick.framework.request import InferenceRequest
 
@@ -75,7 +78,10 @@ class FlowController:
         *,
         clock: Callable[[], float] = time.monotonic,
         observer: FlowObserver | None = None,
+        eviction_grace: float = DEFAULT_CONFIRMATION_GRACE,
     ) -> None:
+        """`eviction_grace`: how long freed capacity takes to show in the detector's signal (the
+        confirmation grace of in-flight eviction; upstream derives it from the detector)."""
         self.settings = settings
         self.detector = detector
         self.clock = clock
@@ -87,6 +93,20 @@ class FlowController:
         self._regime_since = now
         self._next_gc = now + settings.flow_gc_timeout
         self._running = True
+        self.reclamation: Reclamation | None = None
+        if settings.enable_eviction and settings.eviction_filter and settings.eviction_ordering:
+            in_flight = InFlight(settings.eviction_ordering, settings.eviction_filter)
+            self.reclamation = Reclamation(in_flight, confirmation_grace=eviction_grace)
+
+    def track(self, key: int, item: EvictionItem, evict: Callable[[], bool]) -> None:
+        """A dispatched request that eviction may end (`evict` ends it; False: it could not)."""
+        if self.reclamation is not None:
+            self.reclamation.in_flight.track(key, item, evict)
+
+    def finished(self, key: int) -> None:
+        """A dispatched request ended (completed, failed or evicted)."""
+        if self.reclamation is not None and self.reclamation.in_flight.untrack(key):
+            self.reclamation.confirm(key, self.clock())
 
     @property
     def queued(self) -> int:
@@ -180,8 +200,10 @@ class FlowController:
         except Exception:
             log.exception("usage-limit policy %s failed; bands ungated", self.settings.usage_limit.typed_name)
             ceilings = [1.0] * len(priorities)
-        for priority, ceiling in zip(priorities, ceilings, strict=True):
+        for index, (priority, ceiling) in enumerate(zip(priorities, ceilings, strict=True)):
             if saturation >= ceiling:
+                if self.reclamation is not None:
+                    self._maybe_reclaim(saturation, priorities, ceilings, index, now)
                 return None  # head-of-line blocking: no lower band overtakes this one
             band = self.registry.bands[priority]
             if not band.len:
@@ -199,6 +221,31 @@ class FlowController:
             self._finalize(item, Outcome.DISPATCHED, now)
             return item
         return None
+
+    def _maybe_reclaim(
+        self, saturation: float, priorities: list[int], ceilings: list[float], start: int, now: float
+    ) -> None:
+        """Upstream's trigger: the first gated band from `start` on whose priority is above the next
+        victim's, with a ceiling > 0 and queued requests, sizes one reclamation."""
+        reclamation = self.reclamation
+        assert reclamation is not None
+        if not reclamation.gate_open(now):
+            return
+        victim = reclamation.in_flight.victim_priority()
+        if victim is None:
+            return
+        for priority, ceiling in zip(priorities[start:], ceilings[start:], strict=True):
+            if priority <= victim:
+                return
+            if ceiling <= 0 or saturation < ceiling or not self.registry.bands[priority].len:
+                continue
+            evicted = reclamation.reclaim(saturation, ceiling, priority, now)
+            if evicted:
+                log.info(
+                    "evicted %d in-flight request(s) below priority %d (saturation %.2f, ceiling %.2f)",
+                    len(evicted), priority, saturation, ceiling,
+                )  # fmt: skip
+            return
 
     def saturation(self, endpoints: Sequence[Endpoint]) -> float:
         """The pool's saturation: the higher of its prefill and decode stages' (upstream's split)."""

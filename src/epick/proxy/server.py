@@ -14,6 +14,7 @@ answer again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -21,6 +22,7 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -32,6 +34,7 @@ from epick.datalayer.models import ModelCatalog
 from epick.framework import Endpoint, Response
 from epick.proxy.http import AppRunner, json_errors
 from epick.requestcontrol import errors
+from epick.requestcontrol.admission import evicted_error
 from epick.requestcontrol.director import (
     CONTROL_HEADERS,
     PREFILL_HEADER,
@@ -184,6 +187,8 @@ class Proxy:
         state = _Request(deadline=asyncio.get_running_loop().time() + self.options.request_timeout)
         try:
             async with asyncio.timeout_at(state.deadline):
+                if decision.eviction is not None:
+                    return await self._evictable(http, decision, state)
                 return await self._attempts(http, decision, http.raw_path, state)
         except TimeoutError:
             timeout = self.options.request_timeout
@@ -199,6 +204,42 @@ class Proxy:
             if not decision.completed[0]:
                 failed = Response(decision.request.request_id, status=0, error="no response completed")
                 self.director.response_complete(decision, failed, decision.targets[0])
+
+    async def _evictable(self, http: web.Request, decision: Decision, state: _Request) -> web.StreamResponse:
+        """The attempts, unless flow control evicts the request first: then they stop (the model
+        server's connection closes) and the client gets 429 `evicted`, or, mid-stream, an error
+        event that ends the stream."""
+        assert decision.eviction is not None
+        attempt: asyncio.Future[web.StreamResponse] = asyncio.ensure_future(
+            self._attempts(http, decision, http.raw_path, state)
+        )
+        evicted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def evict() -> None:
+            if not evicted.done():
+                evicted.set_result(None)
+
+        decision.eviction.on_evict(evict)
+        try:
+            waiting: set[asyncio.Future[Any]] = {attempt, evicted}
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled: the client left, or the deadline passed
+            attempt.cancel()
+            evicted.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await attempt
+            raise
+        if attempt.done():
+            evicted.cancel()
+            return attempt.result()
+        attempt.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await attempt
+        log.info("request %s evicted by flow control", decision.request.request_id)
+        if state.out is None:
+            return _error(evicted_error())
+        await _end_with_error(state.out, "request evicted by flow control")
+        return state.out
 
     async def _attempts(
         self, http: web.Request, decision: Decision, path: str, state: _Request

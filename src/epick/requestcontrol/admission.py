@@ -19,6 +19,7 @@ from typing import TypeVar
 
 from epick.flowcontrol import FlowController, FlowControlSettings, FlowItem, FlowObserver, Outcome
 from epick.framework import Endpoint, InferenceRequest, SaturationDetector
+from epick.framework.flowcontrol import EvictionItem
 from epick.requestcontrol.errors import RequestError
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,40 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"  # upstream's response header
+
+
+def evicted_error() -> RequestError:
+    """What the client of an in-flight request flow control evicted gets (upstream: 429, reason
+    `evicted`)."""
+    return RequestError(
+        429, "request evicted by flow control", "evicted", ((DROPPED_REASON_HEADER, "evicted"),)
+    )
+
+
+class EvictionSignal:
+    """An evictable request's line to its front end: `on_evict` registers how to end it (called at
+    once if it was evicted already); `release` tells flow control the request has ended."""
+
+    __slots__ = ("_callbacks", "fired", "release")
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self.fired = False
+        self.release = release
+        self._callbacks: list[Callable[[], None]] = []
+
+    def on_evict(self, callback: Callable[[], None]) -> None:
+        if self.fired:
+            callback()
+        else:
+            self._callbacks.append(callback)
+
+    def fire(self) -> bool:
+        if self.fired:
+            return False
+        self.fired = True
+        for callback in self._callbacks:
+            callback()
+        return True
 
 
 def outcome_error(item: FlowItem, pool_empty: bool = False) -> RequestError:
@@ -61,10 +96,17 @@ class FlowAdmission:
         *,
         observer: FlowObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
+        eviction_grace: float | None = None,
     ) -> None:
+        """`eviction_grace`: how long capacity an eviction frees takes to show in `detector`'s signal
+        (default: upstream's derivation, 10 ms for the concurrency detector, else 0.5 s)."""
         self.settings = settings
         self.detector = detector
-        self.controller = FlowController(settings, detector, clock=clock, observer=observer)
+        if eviction_grace is None:
+            eviction_grace = 0.01 if detector.typed_name.type == "concurrency-detector" else 0.5
+        self.controller = FlowController(
+            settings, detector, clock=clock, observer=observer, eviction_grace=eviction_grace
+        )
         self._pool = pool
         self._clock = clock
         self._wake: asyncio.Event | None = None
@@ -74,6 +116,18 @@ class FlowAdmission:
     @property
     def queued(self) -> int:
         return self.controller.queued
+
+    def evictable(self, request: InferenceRequest, target: Endpoint) -> EvictionSignal | None:
+        """Track a dispatched request for in-flight eviction (None when eviction is off). The front
+        end registers how to end it; `release` must be called when it ends, however it ends."""
+        controller = self.controller
+        if controller.reclamation is None:
+            return None
+        key = request.key
+        signal = EvictionSignal(lambda: controller.finished(key))
+        item = EvictionItem(request.request_id, request.priority, self._clock(), target, request)
+        controller.track(key, item, signal.fire)
+        return signal
 
     def set_desired_priorities(self, priorities: Sequence[int]) -> None:
         self.controller.set_desired_priorities(priorities)

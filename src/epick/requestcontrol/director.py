@@ -34,7 +34,7 @@ from epick.framework import (
     SchedulingResult,
 )
 from epick.requestcontrol import errors
-from epick.requestcontrol.admission import FlowAdmission
+from epick.requestcontrol.admission import EvictionSignal, FlowAdmission
 from epick.requestcontrol.errors import RequestError
 from epick.requestcontrol.path import Observer, RequestPath, safely
 from epick.requestcontrol.usage import UsageReader
@@ -79,6 +79,8 @@ class Decision:
     usage: UsageReader | None = field(default=None, repr=False)
     # Whether the response was reported complete; shared by the copies a retry makes (`replace`).
     completed: list[bool] = field(default_factory=lambda: [False], repr=False)
+    # Flow control may evict it while in flight (enableEviction): how the front end hears of it.
+    eviction: EvictionSignal | None = field(default=None, repr=False)
 
     @property
     def targets(self) -> tuple[Endpoint, ...]:
@@ -228,7 +230,10 @@ class Director:
 
         def dispatched() -> Decision:
             result = self.path.decide_admitted(request, cycle_state, self.datastore.snapshot())
-            return Decision(request, result, body, client_model, usage)
+            decision = Decision(request, result, body, client_model, usage)
+            if result.targets:
+                decision.eviction = admission.evictable(request, result.targets[0])
+            return decision
 
         try:
             return await admission.admit(request, fairness, dispatched, on_abandoned=self.abandon)
@@ -289,6 +294,8 @@ class Director:
                 self.observer.usage(d.client_model, d.request.target_model, response.usage)
         for hook in self.config.hooks.response_complete:
             safely(hook.response_complete, d.request, response, endpoint)
+        if d.eviction is not None:
+            d.eviction.release()
         if self.admission is not None:
             self.admission.notify()  # capacity freed: a waiting request may go now
 
