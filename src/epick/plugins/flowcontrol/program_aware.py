@@ -58,7 +58,7 @@ from typing import Any
 from pydantic import model_validator
 
 from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads, Response
-from epick.framework.flowcontrol import DEFAULT_FAIRNESS_ID, FlowKey, FlowQueue, PriorityBand
+from epick.framework.flowcontrol import DEFAULT_FAIRNESS_ID, FlowQueue, PriorityBand
 from epick.framework.results import SchedulingResult
 from epick.plugins.registry import Handle, Parameters, PluginSpec
 from epick.plugins.requestheader.agent_identity import AGENT_IDENTITY_KEY
@@ -193,7 +193,7 @@ class LASStrategy:
         return st
 
     def pick(self, queues: list[tuple[str, FlowQueue]], now: float) -> FlowQueue | None:
-        """The queue scoring highest; `queues` in the order ties are settled (first wins)."""
+        """The queue scoring highest; a tie goes to the first flow in FlowKey order."""
         entries: list[tuple[FlowQueue, float, float]] = []
         for program, queue in queues:
             if len(queue) == 0:
@@ -209,11 +209,12 @@ class LASStrategy:
         lo_s, hi_s, lo_w, hi_w = min(services), max(services), min(waits), max(waits)
         best: FlowQueue | None = None
         best_score = -math.inf
+        best_key: tuple[int, str] = (0, "")
         for queue, service, wait in entries:
             score = self.weight_service * (1 - range_normalize(service, lo_s, hi_s))
             score += self.weight_head_wait * range_normalize(wait, lo_w, hi_w)
-            if score > best_score:
-                best, best_score = queue, score
+            if score > best_score or (score == best_score and queue.flow_key.sort_key() < best_key):
+                best, best_score, best_key = queue, score, queue.flow_key.sort_key()
         return best
 
     def on_completed(self, program: str, response: Response, now: float) -> float:
@@ -277,9 +278,8 @@ class ProgramAwareFairness(NamedPlugin):
     def pick_flow(self, band: PriorityBand, now: float) -> FlowQueue | None:
         with self._lock:
             self._maybe_sweep(now)
-            queues = sorted(band.queues(), key=lambda q: FlowKey.sort_key(q.flow_key))
             scored = []
-            for queue in queues:
+            for queue in band.queues():
                 program = queue.flow_key.id
                 self._metrics(program, now)
                 scored.append((program, queue))
