@@ -339,13 +339,33 @@ class FakeApiServer:
         created: str = "2025-01-01T00:00:00Z",
     ) -> Json:
         """Create or update an InferenceModelRewrite (the spec is stored as given, valid or not)."""
-        resource = _rewrite_resource(*api)
+        return self._put_custom(
+            "InferenceModelRewrite",
+            api,
+            name,
+            spec,
+            resource=_rewrite_resource(*api),
+            namespace=namespace,
+            created=created,
+        )
+
+    def _put_custom(
+        self,
+        kind: str,
+        api: tuple[str, str],
+        name: str,
+        spec: Json,
+        *,
+        resource: str,
+        namespace: str,
+        created: str,
+    ) -> Json:
         key = (resource, namespace, name)
         obj = copy.deepcopy(self._objects[key]) if key in self._objects else None
         if obj is None:
             obj = {
                 "apiVersion": f"{api[0]}/{api[1]}",
-                "kind": "InferenceModelRewrite",
+                "kind": kind,
                 "metadata": {"name": name, "namespace": namespace, "creationTimestamp": created},
             }
         obj["spec"] = copy.deepcopy(spec)
@@ -366,13 +386,15 @@ class FakeApiServer:
         created: str = "2025-01-01T00:00:00Z",
     ) -> Json:
         """Create or update an InferenceObjective (the spec is stored as given, valid or not)."""
-        obj = {
-            "apiVersion": f"{api[0]}/{api[1]}",
-            "kind": "InferenceObjective",
-            "metadata": {"name": name, "namespace": namespace, "creationTimestamp": created},
-            "spec": copy.deepcopy(spec),
-        }
-        return self._put(_objective_resource(*api), namespace, name, obj)
+        return self._put_custom(
+            "InferenceObjective",
+            api,
+            name,
+            spec,
+            resource=_objective_resource(*api),
+            namespace=namespace,
+            created=created,
+        )
 
     def delete_objective(
         self, name: str, *, namespace: str = "default", api: tuple[str, str] = REWRITES_GIE

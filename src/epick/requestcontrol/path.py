@@ -26,15 +26,11 @@ from epick.framework import (
     Snapshot,
     Usage,
 )
-from epick.framework.flowcontrol import DEFAULT_FAIRNESS_ID
-from epick.plugins.requestheader.agent_identity import AGENT_IDENTITY_KEY
+from epick.plugins.flowcontrol.program_aware import fairness_id
 from epick.requestcontrol import errors
 from epick.requestcontrol.errors import RequestError
 
 log = logging.getLogger(__name__)
-
-# The fairness id header (flows are keyed by it), upstream's name first, then GIE's.
-FAIRNESS_HEADERS = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id")
 
 
 class Observer:
@@ -185,16 +181,3 @@ def safely(fn: Callable[..., Any], *args: Any) -> None:
         fn(*args)
     except Exception:
         log.exception("request-control hook %r failed", getattr(fn, "__self__", fn))
-
-
-def fairness_id(request: InferenceRequest, cycle_state: CycleState | None = None) -> str:
-    """The flow a request belongs to, upstream's way (llm-d/llm-d-router, requestcontrol/director.go)."""
-    for header in FAIRNESS_HEADERS:
-        value = request.headers.get(header)
-        if value:
-            return value
-    if cycle_state is not None:
-        agent = cycle_state.read(AGENT_IDENTITY_KEY, str)
-        if agent:
-            return agent
-    return DEFAULT_FAIRNESS_ID

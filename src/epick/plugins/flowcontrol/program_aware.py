@@ -229,7 +229,9 @@ class LASStrategy:
 
 
 def fairness_id(request: InferenceRequest, cycle_state: CycleState | None = None) -> str:
-    """The request's program: its fairness header, else its agent identity, else "default-flow"."""
+    """The request's flow (its program): its fairness header (upstream's name, then GIE's), else the
+    agent identity a request-header plugin found, else "default-flow", as upstream's director reads
+    it (llm-d/llm-d-router, requestcontrol/director.go). Request control keys flows by it too."""
     for header in FAIRNESS_HEADERS:
         value = request.headers.get(header)
         if value:
