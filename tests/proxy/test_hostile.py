@@ -142,3 +142,33 @@ async def test_connections_beyond_the_limit_are_refused_with_503(
         await asyncio.sleep(0.01)
     else:
         raise AssertionError("the proxy did not serve again after the held connections closed")
+
+
+async def test_the_tail_of_an_unread_body_does_not_start_a_head_deadline(make_service: MakeService) -> None:
+    """A body that arrives after its request was answered (here a health check that never reads it) is not the
+    first bytes of a new request head: the idle kept-alive connection then gets no 408 and stays open."""
+    service = await make_service([], wait=False, head_timeout=0.2)
+    assert service.proxy is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", service.proxy.port)
+    try:
+        writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        length = int(
+            next(
+                v
+                for k, _, v in (h.partition(b": ") for h in head.split(b"\r\n"))
+                if k.lower() == b"content-length"
+            )
+        )
+        await reader.readexactly(length)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        writer.write(b"0123456789")  # the unread body, late
+        await writer.drain()
+        # Past the head deadline, the connection is still the client's: the next request is answered.
+        await asyncio.sleep(0.4)
+        writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200"), head
+    finally:
+        writer.close()
+        await writer.wait_closed()

@@ -352,8 +352,18 @@ def internal_error(status: int, body: bytes) -> bool:
 
 
 @pytest.fixture
+async def fresh_http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A client that opens a connection per request. With the proxy's 0.3 s keep-alive, a pooled
+    connection reused just as the server closes it fails the request whatever its body (HTTP/1.1's
+    keep-alive race, RFC 9112 section 9.3.1); the raw-socket test covers kept-alive connections."""
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=10)) as session:
+        yield session
+
+
+@pytest.fixture
 async def fuzz_service(
-    make_sim: MakeSim, make_service: MakeService, http: aiohttp.ClientSession
+    make_sim: MakeSim, make_service: MakeService, fresh_http: aiohttp.ClientSession
 ) -> AsyncIterator[Service]:
     """The proxy in front of one simulated server, with short timeouts (a request cut short or a kept-alive
     connection costs a fuzz example 0.3 s at most), shared by every example of a test. After the last
@@ -364,7 +374,7 @@ async def fuzz_service(
         max_body_bytes=64 * 1024,
     )  # fmt: skip
     yield service
-    await a_normal_request_succeeds(service, http)
+    await a_normal_request_succeeds(service, fresh_http)
 
 
 async def a_normal_request_succeeds(service: Service, http: aiohttp.ClientSession) -> None:
@@ -405,7 +415,7 @@ async def test_malformed_http_gets_well_formed_answers(fuzz_service: Service, re
 )
 async def test_hostile_json_gets_an_answer_or_an_openai_error(
     fuzz_service: Service,
-    http: aiohttp.ClientSession,
+    fresh_http: aiohttp.ClientSession,
     *,
     body: bytes,
     path: str,
@@ -419,7 +429,7 @@ async def test_hostile_json_gets_an_answer_or_an_openai_error(
             body = gzip.compress(body)
         elif encoding == "deflate":
             body = zlib.compress(body)
-    async with http.post(proxy_url(fuzz_service) + path, data=body, headers=headers) as r:
+    async with fresh_http.post(proxy_url(fuzz_service) + path, data=body, headers=headers) as r:
         data = await r.read()
         status, kind = r.status, r.headers.get("content-type", "")
     assert not internal_error(status, data), (status, data)

@@ -70,13 +70,14 @@ async def json_errors(
 class _GuardedHandler(RequestHandler):
     """aiohttp's connection handler, with JSON parser errors and a deadline on each request head."""
 
-    __slots__ = ("_head_deadline",)
+    __slots__ = ("_head_deadline", "_last_payload")
     head_timeout: float = 10.0
     max_connections: int = 0  # 0: no limit
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self._head_deadline: asyncio.TimerHandle | None = None
+        self._last_payload: Any = None  # the body of the last request parsed, read or not
         limit = self.max_connections
         manager = self._manager
         if limit and manager is not None and len(manager.connections) > limit:
@@ -90,10 +91,22 @@ class _GuardedHandler(RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         heads = self._request_count
+        # Bytes that arrive while the last request's body is unfinished are that body, even when its
+        # request was already answered without reading it: they start no head deadline.
+        last = self._last_payload
+        in_body = last is not None and not last.is_eof()
         super().data_received(data)
         if self._request_count > heads:
             self._disarm()
-        elif self._head_deadline is None and self._current_request is None and not self._messages:
+            if self._messages:
+                self._last_payload = self._messages[-1][1]
+        elif (
+            data
+            and not in_body
+            and self._head_deadline is None
+            and self._current_request is None
+            and not self._messages
+        ):
             self._arm()  # the first bytes of a new request on a kept-alive connection
 
     def connection_lost(self, exc: BaseException | None) -> None:
