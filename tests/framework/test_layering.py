@@ -11,6 +11,8 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src" / "epick"
 LAYERS = [
     "framework",
+    "tokenization",
+    "kvcache",
     "plugins",
     "flowcontrol",
     "config",
@@ -29,6 +31,7 @@ FORBIDDEN_IN_FRAMEWORK = {
     "kubernetes_asyncio",
     "http",
     "urllib",
+    "zmq",
 }
 
 
@@ -44,11 +47,16 @@ def imports(path: Path) -> set[str]:
 
 @pytest.mark.parametrize(
     "path",
-    sorted([*(SRC / "framework").rglob("*.py"), *(SRC / "flowcontrol").rglob("*.py")]),
+    sorted(
+        p
+        for layer in ("framework", "flowcontrol", "tokenization", "kvcache")
+        for p in (SRC / layer).rglob("*.py")
+    ),
     ids=lambda p: str(p.relative_to(SRC)),
 )
 def test_framework_has_no_io_imports(path: Path) -> None:
-    """The framework and the flow controller (which the fleet simulator runs in virtual time)."""
+    """The framework, the flow controller (which the fleet simulator runs in virtual time), and the
+    tokenizers and KV-block index (pure: the data layer feeds them)."""
     bad = {m for m in imports(path) if m.split(".")[0] in FORBIDDEN_IN_FRAMEWORK}
     assert not bad, f"{path.name} imports {bad}"
 
