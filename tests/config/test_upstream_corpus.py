@@ -26,44 +26,18 @@ from tests.builders import make_endpoint
 CORPUS = Path(__file__).parent / "upstream"
 FILES = sorted(CORPUS.glob("*/*.yaml"))
 
-# Types each issue still has to bring (issue 13: tokenizer and precise prefix cache;
-# 16: predicted latency), and types no issue has taken yet.
-TOKENS = {"token-producer", "tokenizer"}
-PRECISE = {"precise-prefix-cache-producer", "precise-prefix-cache-scorer"}
+# Types each issue still has to bring (issue 16: predicted latency), and types no issue has taken yet.
 LATENCY = {"predicted-latency-producer", "latency-scorer", "latency-slo-admitter", "slo-headroom-tier-filter"}
 PENDING: dict[str, set[str]] = {
     "gie-v1.5.0/chart-latency-predictor.yaml": set(LATENCY),
-    "llm-d-guides/multimodal-serving-aggregation.yaml": {"token-producer"},
-    "llm-d-guides/multimodal-serving-e-p-d-disaggregation.yaml": {"token-producer"},
-    "llm-d-guides/precise-prefix-cache-routing.yaml": {"token-producer"} | {"precise-prefix-cache-producer"},
     "llm-d-guides/predicted-latency-routing-predicted-latency-slo.yaml": set(LATENCY),
     "llm-d-guides/predicted-latency.yaml": {"latency-scorer", "predicted-latency-producer"},
-    "llm-d-inference-scheduler/main-deploy-epp-precise-prefix-cache-config.yaml": {"token-producer"}
-    | {"precise-prefix-cache-scorer"},
-    "llm-d-inference-scheduler/main-deploy-sim-epp-kvcache-config.yaml": {"token-producer"}
-    | {"precise-prefix-cache-scorer"},
-    "llm-d-inference-scheduler/main-deploy-sim-epp-no-hit-lru.yaml": {"precise-prefix-cache-scorer"},
-    "llm-d-inference-scheduler/main-deploy-sim-epp-tokenizer-vllm-http-config.yaml": {"token-producer"}
-    | {"precise-prefix-cache-scorer"},
-    "llm-d-inference-scheduler/v0.8.0-deploy-epp-precise-prefix-cache-config.yaml": {"tokenizer"}
-    | {"precise-prefix-cache-scorer"},
-    "llm-d-inference-scheduler/v0.8.0-deploy-sim-epp-external-tokenizer-config.yaml": {"tokenizer"}
-    | {"precise-prefix-cache-scorer"},
-    "llm-d-inference-scheduler/v0.8.0-deploy-sim-epp-kvcache-config.yaml": {"precise-prefix-cache-scorer"},
-    "llm-d-inference-scheduler/v0.8.0-deploy-sim-epp-no-hit-lru.yaml": {"precise-prefix-cache-scorer"},
     "llm-d-router/chart-latency-predictor.yaml": set(LATENCY),
-    "llm-d-router/deploy-epp-burst-prefix-cache-config.yaml": {"token-producer"}
-    | {"burst-prefix-cache-producer"},
-    "llm-d-router/deploy-epp-mm-embeddings-cache-config.yaml": {"token-producer"}
-    | {"precise-prefix-cache-producer"}
-    | {"mm-embeddings-cache-producer", "mm-embeddings-cache-scorer"},
-    "llm-d-router/deploy-epp-precise-prefix-cache-config.yaml": {"token-producer"}
-    | {"precise-prefix-cache-producer"},
-    "llm-d-router/deploy-sim-epp-kvcache-config.yaml": {"token-producer"} | {"precise-prefix-cache-producer"},
-    "llm-d-router/deploy-sim-epp-no-hit-lru.yaml": {"precise-prefix-cache-producer"},
-    "llm-d-router/deploy-sim-epp-tokenizer-vllm-http-config.yaml": {"token-producer"}
-    | {"precise-prefix-cache-producer"},
-    "llm-d-router/docs-architecture-precise-prefix.yaml": {"precise-prefix-cache-producer"},
+    "llm-d-router/deploy-epp-burst-prefix-cache-config.yaml": {"burst-prefix-cache-producer"},
+    "llm-d-router/deploy-epp-mm-embeddings-cache-config.yaml": {
+        "mm-embeddings-cache-producer",
+        "mm-embeddings-cache-scorer",
+    },
     "llm-d-router/plugins-readme-multicluster.yaml": {
         "multicluster-file-discovery",
         "multicluster-kv-cache-utilization-scorer",
@@ -72,10 +46,7 @@ PENDING: dict[str, set[str]] = {
         "multicluster-queue-scorer",
         "multicluster-session-affinity-filter",
     },
-    "llm-d-router/test-precise-prefix.yaml": {"token-producer"} | {"precise-prefix-cache-producer"},
     "llm-d-router/test-wellknown-predicted-latency-slo.yaml": set(LATENCY),
-    "llm-d-router/test-wellknown-tiered-prefix-cache-cpu.yaml": {"token-producer"},
-    "llm-d-router/test-wellknown-wide-ep-lws-experimental-dp-aware.yaml": {"token-producer"},
 }
 
 

@@ -58,6 +58,7 @@ from epick.plugins.pickers.max_score import MaxScorePicker
 from epick.plugins.pickers.random_picker import RandomPicker
 from epick.plugins.pickers.round_robin import RoundRobinPicker
 from epick.plugins.pickers.weighted_random import WeightedRandomPicker
+from epick.plugins.prefix.precise_scorer import PrecisePrefixCacheScorer
 from epick.plugins.prefix.scorer import PrefixCacheScorer
 from epick.plugins.scorers.active_request import ActiveRequestScorer
 from epick.plugins.scorers.context_length_aware import ContextLengthAware
@@ -181,6 +182,7 @@ def every_scorer(clock: FakeClock, inflight: InFlightLoadProducer | None = None)
         ),
         HeaderLabelAffinityScorer(None, SESSION_HEADER, LABEL_KEYS[0]),
         ContextLengthAware(label=LABEL_KEYS[0]),
+        PrecisePrefixCacheScorer(),
     ]
 
 
@@ -282,7 +284,7 @@ def test_scores_are_in_unit_interval_for_valid_metrics(
 @given(
     request=requests(),
     endpoints=endpoint_lists(wild=True),
-    weights=st.lists(st.floats(0.0, 10.0), min_size=15, max_size=15),
+    weights=st.lists(st.floats(0.0, 10.0), min_size=16, max_size=16),
     seed=st.integers(0, 2**16),
 )
 def test_scores_after_the_runtime_clamps_are_in_unit_interval(

@@ -466,6 +466,7 @@ class Service:
             await self.proxy.stop()
         if self.extproc is not None:
             await self.extproc.stop()
+        await self.director.close()
         await self.catalog.stop()
         await self.scrapers.stop()
         if self.discovery is not None:

@@ -14,6 +14,7 @@ from epick.framework import (
     ParserSet,
     Plugin,
     PreRequest,
+    RemoteTokenizer,
     RequestHeaderProcessor,
     ResponseComplete,
     ResponseReceived,
@@ -31,6 +32,7 @@ class RequestHooks:
     header_processors: list[RequestHeaderProcessor] = field(default_factory=list)
     screeners: list[Screener] = field(default_factory=list)
     producers: list[DataProducer] = field(default_factory=list)
+    remote_tokenizers: list[RemoteTokenizer] = field(default_factory=list)
     admitters: list[Admitter] = field(default_factory=list)
     pre_request: list[PreRequest] = field(default_factory=list)
     response_received: list[ResponseReceived] = field(default_factory=list)
@@ -47,6 +49,8 @@ class RequestHooks:
                 hooks.screeners.append(p)
             if isinstance(p, DataProducer):
                 hooks.producers.append(p)
+            if isinstance(p, RemoteTokenizer) and p.remote:
+                hooks.remote_tokenizers.append(p)
             if isinstance(p, Admitter):
                 hooks.admitters.append(p)
             if isinstance(p, PreRequest):

@@ -316,6 +316,14 @@ class _Builder:
                     fix += "; note: " + "; ".join(self.load_failures)
                 self.fail(f"{path}.type", message, fix)
                 self._failed.add(name)
+            else:
+                upstream = upstream_type(entry.type)
+                if upstream is not None and upstream.deprecated:
+                    self.warnings.append(
+                        f"{path}.type: {entry.type!r} is deprecated upstream since {upstream.deprecated_in} "
+                        f"(removal planned in {upstream.removal_in or 'a later release'}); "
+                        f"its replacement is {upstream.replacement!r}"
+                    )
             self.entries[name] = (i, entry)
 
     def _add_required_producers(self) -> None:

@@ -190,8 +190,8 @@ class Exchange:
     def _route(self, *, phase: str, more: bool) -> list[pb.ProcessingResponse]:
         """Decide, and answer with the routing. `phase` is the message that completed the request
         (headers with no body, or the body); `more` is true when trailers follow the body."""
-        if self.director.admission is not None:
-            self.pending = (phase, more)  # flow control decides when: see `admit`
+        if self.director.needs_async:
+            self.pending = (phase, more)  # flow control or a tokenizer call: see `admit`
             return []
         received = bytes(self.body)
         try:
@@ -201,7 +201,8 @@ class Exchange:
         return self._routed(decision, received, phase=phase, more=more)
 
     async def admit(self) -> list[pb.ProcessingResponse]:
-        """Wait in flow control for the pending routing; the Envoy stream stays open meanwhile, and
+        """Decide the pending routing asynchronously: ask the model server for tokens when a token
+        producer does, and wait in flow control when it is on. The Envoy stream stays open meanwhile, and
         a refusal or expiry is answered with an immediate response. Cancelled (Envoy closed the
         stream): the request leaves its queue."""
         assert self.pending is not None

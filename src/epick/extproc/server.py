@@ -65,7 +65,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                     return
                 for answer in exchange.handle(message):
                     yield answer
-                if exchange.pending is not None:  # waiting in flow control
+                if exchange.pending is not None:  # waiting in flow control or on a tokenizer
                     for answer in await exchange.admit():
                         yield answer
                 if exchange.closed:

@@ -39,6 +39,7 @@ from epick.framework.results import (
 )
 from epick.framework.scheduler import Scheduler
 from epick.framework.snapshot import Snapshot
+from epick.framework.tokens import RemoteTokenizer, TokenizeCall, TokenizedPrompt
 from epick.framework.trace import ScheduleTrace
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     "ProfileLike",
     "ProfileRunResult",
     "Reads",
+    "RemoteTokenizer",
     "RequestBody",
     "RequestHeaderProcessor",
     "Response",
@@ -84,6 +86,8 @@ __all__ = [
     "Scorer",
     "Screener",
     "Snapshot",
+    "TokenizeCall",
+    "TokenizedPrompt",
     "TypedName",
     "Usage",
     "WeightedScorer",

@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from epick.framework.tokens import TokenizedPrompt
+
 # The Go EPP's estimate of characters per token, used wherever a token count is guessed from text.
 CHARS_PER_TOKEN = 4
 
@@ -53,6 +55,11 @@ class RequestBody:
     source: str | Callable[[], str] = field(default="", repr=False)
     known_bytes: int | None = field(default=None, repr=False)
     token_ids: tuple[int, ...] | None = field(default=None, repr=False)  # a pre-tokenized prompt
+    # The decoded JSON body, for plugins that read more than the fields above (a tokenizer renders
+    # the chat template from the messages, tools and template arguments); None when not JSON.
+    raw: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+    # The prompt's token ids, set once by a token producer (None until then).
+    tokenized: TokenizedPrompt | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def completion(cls, prompt: str, **kwargs: Any) -> RequestBody:
@@ -95,6 +102,10 @@ class RequestBody:
             known = _utf8_len(self.prefix_text)
             object.__setattr__(self, "known_bytes", known)
         return known
+
+    def set_tokenized(self, tokenized: TokenizedPrompt) -> None:
+        """Record the prompt's token ids (the body is otherwise immutable)."""
+        object.__setattr__(self, "tokenized", tokenized)
 
     @property
     def text_built(self) -> bool:
@@ -155,6 +166,7 @@ class InferenceRequest:
             if raw.get("max_completion_tokens") is not None
             else _opt_int(raw, "max_tokens"),
         }
+        common["raw"] = raw
         if kind == "chat":
             body = RequestBody.chat(_parse_messages(raw.get("messages")), **common)
         else:

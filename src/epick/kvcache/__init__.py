@@ -16,6 +16,7 @@ from epick.kvcache.events import (
 )
 from epick.kvcache.index import DEFAULT_TIER_WEIGHTS, SPECULATIVE, BlockIndex, Entry, longest_prefix_scores
 from epick.kvcache.keys import TokenProcessor
+from epick.kvcache.sink import KVEventSink, KVEventsSettings
 from epick.kvcache.tracker import EventTracker, TrackerStats
 from epick.kvcache.vllm_hashing import HASH_ALGORITHMS, BlockHasher, event_hash
 
@@ -33,6 +34,8 @@ __all__ = [
     "EventBatch",
     "EventTracker",
     "KVEvent",
+    "KVEventSink",
+    "KVEventsSettings",
     "TokenProcessor",
     "TrackerStats",
     "decode_batch",

@@ -25,6 +25,7 @@ from epick.plugins.flowcontrol import eviction, fairness, ordering, program_awar
 from epick.plugins.load import concurrency, inflight
 from epick.plugins.parsers import anthropic, openai, passthrough, sglanghttp, vertexai, vllmgrpc, vllmhttp
 from epick.plugins.pickers import max_score, random_picker, round_robin, weighted_random
+from epick.plugins.prefix import precise, precise_scorer
 from epick.plugins.prefix import producer as prefix_producer
 from epick.plugins.prefix import scorer as prefix_scorer
 from epick.plugins.prerequest import prefill_header
@@ -50,6 +51,7 @@ from epick.plugins.scorers import topology_affinity as topology_affinity_scorer
 from epick.plugins.screeners import disaggregatedset_rollout
 from epick.plugins.session import filter as session_filter
 from epick.plugins.session import producer as session_producer
+from epick.plugins.tokens import producer as token_producer
 
 
 def in_tree_plugins() -> list[PluginSpec]:
@@ -65,6 +67,9 @@ def in_tree_plugins() -> list[PluginSpec]:
         lora_affinity.SPEC,
         prefix_scorer.SPEC,
         prefix_producer.SPEC,
+        precise.SPEC,
+        precise_scorer.SPEC,
+        token_producer.SPEC,
         load_aware.SPEC,
         active_request.SPEC,
         session_affinity.SPEC,

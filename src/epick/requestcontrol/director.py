@@ -37,6 +37,7 @@ from epick.requestcontrol import errors
 from epick.requestcontrol.admission import EvictionSignal, FlowAdmission
 from epick.requestcontrol.errors import RequestError
 from epick.requestcontrol.path import Observer, RequestPath, safely
+from epick.requestcontrol.tokenize import RemoteTokenization
 from epick.requestcontrol.usage import UsageReader
 
 __all__ = ["Decision", "Director", "Observer"]
@@ -114,6 +115,7 @@ class Director:
         self.rewrites = rewrites or ModelRewrites()  # replaced whole on reload
         self.health = health  # told each response's status (outlier detection)
         self.path = RequestPath(config, self.observer)
+        self.tokenization = RemoteTokenization()
         self.flow_observer = flow_observer
         self.admission: FlowAdmission | None = self._admission(config)
         datastore.subscribe(self._endpoint_changed)
@@ -206,8 +208,14 @@ class Director:
 
     def decide(self, body: bytes, headers: Mapping[str, str], path: str = DEFAULT_PATH) -> Decision:
         """Parse, admit, schedule and run PreRequest hooks. Raises `RequestError` with its status.
-        Flow control is not consulted: front ends call `decide_async`."""
+        Flow control is not consulted, nor a model server asked for tokens: front ends call
+        `decide_async` when `needs_async`."""
         request, body, client_model, parser, read_response = self._begin(body, headers, path)
+        return self._scheduled(request, body, client_model, parser, read_response)
+
+    def _scheduled(
+        self, request: InferenceRequest, body: bytes, client_model: str, parser: Parser, read_response: bool
+    ) -> Decision:
         try:
             result = self.schedule(request)
         except RequestError as e:
@@ -216,15 +224,26 @@ class Director:
         usage = UsageReader(parser, self.max_body_bytes) if read_response else None
         return Decision(request, result, body, client_model, usage)
 
+    @property
+    def needs_async(self) -> bool:
+        """Whether deciding waits on something: flow control, or a model server's tokenizer."""
+        return self.admission is not None or bool(self.config.hooks.remote_tokenizers)
+
     async def decide_async(
         self, body: bytes, headers: Mapping[str, str], path: str = DEFAULT_PATH
     ) -> Decision:
-        """`decide`, waiting in flow control when it is on (until the request is dispatched,
-        refused, expires, or the caller is cancelled: then it leaves its queue at once)."""
+        """`decide`, with the token ids a model server gives (when a token producer asks one), and
+        waiting in flow control when it is on (until the request is dispatched, refused, expires,
+        or the caller is cancelled: then it leaves its queue at once)."""
         admission = self.admission
-        if admission is None:
+        remote = self.config.hooks.remote_tokenizers
+        if admission is None and not remote:
             return self.decide(body, headers, path)
         request, body, client_model, parser, read_response = self._begin(body, headers, path)
+        if remote:
+            await self.tokenization.tokenize(request, remote)
+        if admission is None:
+            return self._scheduled(request, body, client_model, parser, read_response)
         cycle_state, fairness = self.path.prepare(request)
         usage = UsageReader(parser, self.max_body_bytes) if read_response else None
 
@@ -240,6 +259,10 @@ class Director:
         except RequestError as e:
             self.observer.error(client_model, request.target_model, e.code)
             raise
+
+    async def close(self) -> None:
+        """Release what deciding holds open (the tokenizer's HTTP client)."""
+        await self.tokenization.close()
 
     def _begin(
         self, body: bytes, headers: Mapping[str, str], path: str

@@ -71,6 +71,7 @@ class AnthropicParser(NamedPlugin):
             cache_salt=salt_of(raw),
             max_tokens=count_of(raw, "max_tokens"),
             source=spell,
+            raw=raw,
         )
         return ParsedRequest(body_, model, raw)
 

@@ -119,7 +119,9 @@ def parse_openai(raw: dict[str, Any], kind: RequestKind) -> ParsedRequest:
     def spell() -> str:
         return text if text is not None else compact_json(source)
 
-    body = RequestBody(kind=kind, stream=stream, cache_salt=salt, max_tokens=max_tokens, source=spell)
+    body = RequestBody(
+        kind=kind, stream=stream, cache_salt=salt, max_tokens=max_tokens, source=spell, raw=raw
+    )
     return ParsedRequest(body, model, raw)
 
 

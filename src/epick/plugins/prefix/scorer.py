@@ -41,7 +41,7 @@ from epick.plugins.registry import Handle, Parameters, PluginSpec, producer_for
 TYPE = "prefix-cache-scorer"
 MATCH_DATA_TYPE = "PrefixCacheMatchInfoDataKey"  # upstream's data type of a prefix-match producer's output
 DEFAULT_PRODUCER = "approx-prefix-cache-producer"
-MATCH_PRODUCER_TYPES = (DEFAULT_PRODUCER,)
+MATCH_PRODUCER_TYPES = (DEFAULT_PRODUCER, "precise-prefix-cache-producer")
 
 
 class PrefixCacheParameters(Parameters):
@@ -87,9 +87,12 @@ class PrefixMatch:
     block_bytes: int
     matched: Mapping[str, int]
     hashes: list[int] = field(default_factory=list, repr=False)
+    # Blocks held per endpoint, unweighted, where `matched` is weighted by tier (the precise index)
+    unweighted: Mapping[str, int] | None = None
 
     def cached_bytes(self, endpoint: str) -> int:
-        return self.matched.get(endpoint, 0) * self.block_bytes
+        held = self.unweighted if self.unweighted is not None else self.matched
+        return held.get(endpoint, 0) * self.block_bytes
 
     def cached_tokens(self, endpoint: str) -> int:
         return self.cached_bytes(endpoint) // CHARS_PER_TOKEN

@@ -1,0 +1,59 @@
+"""A request's token ids, computed once and read by every plugin that needs them (upstream's
+`request.Body.TokenizedRequest`, llm-d/llm-d-router pkg/epp/framework/interface/requesthandling).
+
+A token producer sets them on the request body; the precise prefix-cache producer, the P/D decider
+and token-counting scorers read them. A producer that asks a model server for them (`RemoteTokenizer`)
+says what to ask; the request-control layer makes the call, so plugins stay free of I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from epick.framework.plugin import Plugin
+
+if TYPE_CHECKING:
+    from epick.framework.request import InferenceRequest
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizedPrompt:
+    """One token-id sequence per prompt (a completion may carry several), and the request's cache
+    salt (it enters the first block's key, as vLLM puts it in the first block's hash)."""
+
+    prompts: tuple[tuple[int, ...], ...]
+    cache_salt: str = ""
+
+    @property
+    def token_count(self) -> int:
+        return sum(len(p) for p in self.prompts)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeCall:
+    """What to ask a model server: POST each payload to `url`, within `timeout` seconds in all."""
+
+    url: str
+    payloads: tuple[Mapping[str, Any], ...]
+    timeout: float
+
+
+@runtime_checkable
+class RemoteTokenizer(Plugin, Protocol):
+    """A token producer whose tokens may come from a model server's tokenize endpoint."""
+
+    @property
+    def remote(self) -> bool:
+        """Whether it asks a server (the front ends then call it before the producers run)."""
+        ...
+
+    def tokenize_call(self, request: InferenceRequest) -> TokenizeCall | None:
+        """The call to make for this request; None when there is nothing to ask."""
+        ...
+
+    def tokenized(self, request: InferenceRequest, answers: Sequence[Mapping[str, Any]]) -> None:
+        """The server's answers, one per payload, in order: set the request's tokens (or raise
+        ValueError naming what is wrong with them)."""
+        ...

@@ -1,0 +1,337 @@
+"""`precise-prefix-cache-producer`: which candidates hold the prompt's blocks, from the engines' own
+KV-cache events (llm-d/llm-d-router, pkg/epp/framework/plugins/requestcontrol/dataproducer/
+preciseprefixcache; the index is llm-d-kv-cache's, see epick.kvcache).
+
+Per request, from the tokens a token producer left on the body: the prompt's block keys (full blocks
+of `tokenProcessorConfig.blockSizeTokens` tokens, rooted in the request's model; the cache salt in the
+first block's key), each candidate's longest run of consecutive blocks held (tier-weighted: a block
+counts the highest weight of the tiers the endpoint holds it on, `kvCacheBackendConfigs`, default
+gpu 1.0 and cpu 0.8), published as "PrefixCacheMatchInfoDataKey/<its name>" with the weighted run
+truncated to whole blocks, as upstream. `prefix-cache-scorer` (`prefixMatchInfoProducerName`),
+`no-hit-lru-scorer` and `prefix-based-pd-decider` read it. A request without tokens, or shorter than
+one block, gets no match (every score 0). Endpoints are identified as "address:port", as in the
+engines' topics (`kv@<address:port>@<model>`).
+
+The index fills from the events the data layer receives (`kvEventsConfig`): with `zmqEndpoint` set,
+one socket bound there that every engine publishes to; with `discoverPods` (the default), a socket
+connected to each endpoint's publisher at its address and `podDiscoveryConfig.socketPort` (+ its
+data-parallel rank). An endpoint that leaves leaves the index.
+
+Fields of older llm-d-kv-cache releases load and act: `indexerConfig.tokenProcessorConfig` (used when
+the top-level one is absent) and `indexerConfig.kvBlockIndexConfig.maxPrefixBlocksToMatch` (a cap on the
+blocks looked up).
+
+`speculativeIndexing`: the prompt's blocks are recorded for the chosen endpoint (and the `prefill`
+profile's) at routing time, before the engine confirms them, and dropped after `speculativeTTL` (2s)
+unless the events have confirmed them by then.
+
+Deviations, on purpose: epick subscribes to every endpoint's publisher with `discoverPods`, whether
+or not the config wires this plugin to an `endpoint-notification-source` (epick's data layer always
+tracks endpoints); `costAwareMemoryConfig.size` bounds the in-memory index by its estimated bytes
+(about 300 per block key) instead of Ristretto's cost model; `redisConfig` (a shared index) is not
+supported and is an error; `hashAlgorithm` is accepted, and keys are epick's own (epick.kvcache.keys).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic import AliasChoices, Field, field_validator, model_validator
+
+from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads, SchedulingResult
+from epick.framework.request import CHARS_PER_TOKEN
+from epick.kvcache import (
+    DEFAULT_TIER_WEIGHTS,
+    SPECULATIVE,
+    BlockIndex,
+    EventTracker,
+    KVEventsSettings,
+    TokenProcessor,
+    longest_prefix_scores,
+)
+from epick.plugins.duration import Duration
+from epick.plugins.prefix.producer import PREFILL_PROFILE, match_key
+from epick.plugins.prefix.scorer import PrefixMatch
+from epick.plugins.registry import Handle, ParameterError, Parameters, PluginSpec
+
+TYPE = "precise-prefix-cache-producer"
+TOKENS_TYPE = "token-producer"
+BYTES_PER_INDEX_KEY = 300  # measured: benchmarks/bench_precise.py
+
+
+class TokenProcessorParameters(Parameters):
+    block_size_tokens: int = Field(default=0, ge=0)
+    block_size: int = Field(default=0, ge=0)  # deprecated upstream: blockSizeTokens
+    hash_seed: str = ""
+    hash_algorithm: Literal["", "cbor-fnv", "xxh64"] = ""
+
+    @field_validator("hash_seed", mode="before")
+    @classmethod
+    def _seed_text(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+    def effective_block_size(self) -> int:
+        return self.block_size_tokens or self.block_size or 16
+
+
+class InMemoryParameters(Parameters):
+    size: int = Field(default=100_000_000, gt=0)
+    pod_cache_size: int = Field(default=10, gt=0)
+
+
+_BYTES = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgtpe])(i)?)?b?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int:
+    """A size as upstream's humanize.ParseBytes reads it: "2GiB", "512 MB", "1e9"-free plain bytes."""
+    m = _BYTES.match(text)
+    if m is None:
+        raise ValueError(f"{text!r} is not a size (write it like '2GiB' or '512MB')")
+    number, unit, binary = m.groups()
+    scale = 1 if unit is None else (1024 if binary else 1000) ** ("kmgtpe".index(unit.lower()) + 1)
+    return int(float(number) * scale)
+
+
+class CostAwareParameters(Parameters):
+    size: str = "2GiB"
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, v: str) -> str:
+        parse_bytes(v)
+        return v
+
+
+class KVBlockIndexParameters(Parameters):
+    in_memory_config: InMemoryParameters | None = None
+    cost_aware_memory_config: CostAwareParameters | None = None
+    redis_config: dict[str, Any] | None = None
+    enable_metrics: bool = False
+    metrics_logging_interval: int = 0  # nanoseconds, as upstream's JSON spells a Go duration
+    max_prefix_blocks_to_match: int = Field(default=0, ge=0)  # older llm-d-kv-cache: a cap on blocks
+
+
+class BackendWeight(Parameters):
+    name: str
+    weight: float = Field(ge=0.0)
+
+
+class IndexerParameters(Parameters):
+    kv_block_index_config: KVBlockIndexParameters = Field(default_factory=KVBlockIndexParameters)
+    kv_cache_backend_configs: list[BackendWeight] | None = None
+    tokenizers_pool_config: dict[str, Any] | None = None  # the deprecated scorer's own tokenizer
+    token_processor_config: TokenProcessorParameters | None = None  # where older releases had it
+
+
+class PodDiscoveryParameters(Parameters):
+    socket_port: int = Field(default=5557, gt=0, lt=65536)
+    pod_label_selector: str = "llm-d.ai/inference-serving=true"
+    pod_namespace: str = ""
+    replay_socket_port: int = Field(default=0, ge=0, lt=65536)
+
+
+class KVEventsParameters(Parameters):
+    zmq_endpoint: str = ""
+    topic_filter: str = "kv@"
+    concurrency: int = Field(default=4, gt=0)
+    engine_type: Literal["vllm", "sglang"] = "vllm"
+    discover_pods: bool = True
+    pod_discovery_config: PodDiscoveryParameters | None = None
+
+
+class PreciseParameters(Parameters):
+    token_processor_config: TokenProcessorParameters = Field(default_factory=TokenProcessorParameters)
+    indexer_config: IndexerParameters = Field(default_factory=IndexerParameters)
+    kv_events_config: KVEventsParameters = Field(default_factory=KVEventsParameters)
+    speculative_indexing: bool = False
+    speculative_ttl: Duration = Field(
+        default=2.0, validation_alias=AliasChoices("speculativeTTL", "speculativeTtl", "speculative_ttl")
+    )
+
+    def processor(self) -> TokenProcessorParameters:
+        """The block size and seed: `tokenProcessorConfig`, or where older releases put it."""
+        older = self.indexer_config.token_processor_config
+        if older is not None and "token_processor_config" not in self.model_fields_set:
+            return older
+        return self.token_processor_config
+
+    @model_validator(mode="after")
+    def _no_redis(self) -> PreciseParameters:
+        if self.indexer_config.kv_block_index_config.redis_config is not None:
+            raise ValueError(
+                "indexerConfig.kvBlockIndexConfig.redisConfig: epick keeps the index in memory; a shared "
+                "Redis or Valkey index is not supported (remove redisConfig)"
+            )
+        return self
+
+    def index_size(self) -> tuple[int, int]:
+        """(keys, entries per key) the index may hold."""
+        config = self.indexer_config.kv_block_index_config
+        in_memory = config.in_memory_config or InMemoryParameters()
+        if config.cost_aware_memory_config is not None:
+            size = parse_bytes(config.cost_aware_memory_config.size)
+            return max(1, int(size) // BYTES_PER_INDEX_KEY), in_memory.pod_cache_size
+        return in_memory.size, in_memory.pod_cache_size
+
+    def settings(self) -> KVEventsSettings:
+        e = self.kv_events_config
+        discovery = e.pod_discovery_config or PodDiscoveryParameters()
+        return KVEventsSettings(
+            zmq_endpoint=e.zmq_endpoint,
+            topic_filter=e.topic_filter,
+            concurrency=e.concurrency,
+            engine_type=e.engine_type,
+            discover_pods=e.discover_pods,
+            socket_port=discovery.socket_port,
+            replay_port=discovery.replay_socket_port,
+        )
+
+    def weights(self) -> dict[str, float]:
+        backends = self.indexer_config.kv_cache_backend_configs
+        if backends is None:
+            return dict(DEFAULT_TIER_WEIGHTS)
+        return {b.name.lower(): b.weight for b in backends}
+
+
+def endpoint_id(ep: Endpoint) -> str:
+    """How the index names an endpoint: its "address:port", as the engines' topics name it."""
+    return f"{ep.address}:{ep.port}" if ep.address else ep.name
+
+
+class PrecisePrefixCacheProducer(NamedPlugin):
+    plugin_type = TYPE
+    reads = Reads.TOKENS | Reads.MODEL | Reads.HISTORY
+
+    def __init__(self, name: str | None = None, params: PreciseParameters | None = None) -> None:
+        super().__init__(name)
+        self.params = params = params or PreciseParameters()
+        processor = params.processor()
+        self.block_size = processor.effective_block_size()
+        self.processor = TokenProcessor(self.block_size, processor.hash_seed)
+        self.max_blocks = params.indexer_config.kv_block_index_config.max_prefix_blocks_to_match
+        size, per_key = params.index_size()
+        self.index = BlockIndex(size, per_key)
+        self._tracker = EventTracker(self.index, self.processor)
+        self._settings = params.settings()
+        self.weights = params.weights()
+        self.key = match_key(self.name)
+        self.speculative = params.speculative_indexing
+        self.speculative_ttl = params.speculative_ttl
+        self.clock: Callable[[], float] = time.monotonic
+        self._speculative: deque[tuple[float, tuple[int, ...], str]] = deque()
+
+    # KVEventSink: what the data layer subscribes to and feeds.
+    @property
+    def kv_events(self) -> KVEventsSettings:
+        return self._settings
+
+    @property
+    def tracker(self) -> EventTracker:
+        return self._tracker
+
+    def endpoint_changed(self, endpoint: Endpoint) -> Mapping[str, object | None]:
+        """An endpoint notification (upstream wires this plugin to `endpoint-notification-source`):
+        the data layer subscribes to the endpoint's publisher; nothing to set on the endpoint."""
+        return {}
+
+    def endpoint_left(self, pod: str) -> None:
+        self.index.clear(pod)
+
+    def endpoint_removed(self, name: str) -> None:
+        """The director's notice: an endpoint by this name left (its "address:port" when it has one)."""
+        if ":" in name:
+            self.index.clear(name)
+
+    def block_keys(self, request: InferenceRequest) -> list[list[int]]:
+        """The request's block keys, per prompt (none without tokens)."""
+        tokenized = request.body.tokenized
+        if tokenized is None:
+            return []
+        salt = tokenized.cache_salt or request.body.cache_salt
+        extra = [[salt]] if salt else None
+        cap = self.max_blocks * self.block_size
+        return [
+            self.processor.keys(p[:cap] if cap else p, request.target_model, extra=extra)
+            for p in tokenized.prompts
+        ]
+
+    def produce(
+        self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> None:
+        if self._speculative:
+            self._expire(self.clock())
+        per_prompt = [k for k in self.block_keys(request) if k]
+        if not per_prompt:
+            return  # upstream: no tokens, or fewer than a block: no match written
+        ids = {endpoint_id(ep): ep.name for ep in endpoints}
+        weighted: dict[str, float] = {}
+        runs: dict[str, int] = {}
+        for keys in per_prompt:
+            scores, lengths = longest_prefix_scores(self.index.lookup(keys, ids.keys()), self.weights)
+            for pod, s in scores.items():
+                weighted[pod] = weighted.get(pod, 0.0) + s
+                runs[pod] = runs.get(pod, 0) + lengths[pod]
+        total = sum(len(k) for k in per_prompt)
+        match = PrefixMatch(
+            total,
+            self.block_size * CHARS_PER_TOKEN,
+            {ids[pod]: int(s) for pod, s in weighted.items()},
+            [k for keys in per_prompt for k in keys],
+            unweighted={ids[pod]: n for pod, n in runs.items()},
+        )
+        cycle_state.write(self.key, match)
+
+    def pre_request(
+        self, request: InferenceRequest, result: SchedulingResult, cycle_state: CycleState
+    ) -> None:
+        if not self.speculative:
+            return
+        match = cycle_state.read(self.key, PrefixMatch)
+        primary = result.profile_results.get(result.primary_profile)
+        if match is None or not match.hashes or primary is None or not primary.targets:
+            return
+        targets = [primary.targets[0]]
+        prefill = result.profile_results.get(PREFILL_PROFILE)
+        if prefill is not None and prefill.targets and result.primary_profile != PREFILL_PROFILE:
+            targets.append(prefill.targets[0])
+        expires = self.clock() + self.speculative_ttl
+        keys = tuple(match.hashes)
+        for target in targets:
+            pod = endpoint_id(target)
+            self.index.add(keys, (pod, SPECULATIVE))
+            self._speculative.append((expires, keys, pod))
+
+    def _expire(self, now: float) -> None:
+        pending = self._speculative
+        while pending and pending[0][0] <= now:
+            _, keys, pod = pending.popleft()
+            entry = (pod, SPECULATIVE)
+            for key in keys:
+                self.index.remove(key, entry)
+
+
+def _factory(name: str, params: PreciseParameters, handle: Handle) -> PrecisePrefixCacheProducer:
+    if params.indexer_config.tokenizers_pool_config is not None:
+        raise ParameterError(
+            "indexerConfig.tokenizersPoolConfig",
+            "tokenizersPoolConfig is not supported; configure a token-producer plugin instead",
+            "add a token-producer plugin (its tokens are shared by every plugin that reads them)",
+        )
+    return PrecisePrefixCacheProducer(name, params)
+
+
+def _requires(params: PreciseParameters, api_version: str = "") -> tuple[str, ...]:
+    return (TOKENS_TYPE,)  # upstream's default producer of the tokens it reads
+
+
+SPEC = PluginSpec(
+    TYPE,
+    _factory,
+    PreciseParameters,
+    "which candidates hold the prompt's blocks, from the engines' KV events",
+    requires=_requires,
+)

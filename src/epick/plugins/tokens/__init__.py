@@ -1,0 +1,1 @@
+"""Token ids for the request: the token producer and its backends."""
