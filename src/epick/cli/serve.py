@@ -10,7 +10,9 @@ import os
 import random
 import signal
 import sys
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import uvloop
 import yaml
@@ -23,6 +25,7 @@ from epick.datalayer.discovery.file import FileDiscoveryRunner
 from epick.datalayer.discovery.kubernetes import KubernetesDiscovery
 from epick.datalayer.discovery.static import DiscoveryError, load_endpoints_file, parse_endpoints_flag
 from epick.datalayer.health import EndpointHealth, OutlierPolicy
+from epick.datalayer.kvevents import KVEventSubscribers, sinks_of
 from epick.datalayer.models import ModelCatalog
 from epick.datalayer.objectives import Objective
 from epick.datalayer.objectives import priorities as objective_priorities
@@ -301,6 +304,7 @@ class Service:
             self.datastore, interval=options.refresh_metrics_interval, plan=self.config.data_layer
         )
         self.catalog = ModelCatalog(self.datastore)
+        self.kv_events = KVEventSubscribers(self.datastore)
         self.health = EndpointHealth(self.datastore, options.outliers)
         self._rewrite_rng = random.Random(options.seed)  # one stream of weighted picks across reloads
         self._file_rewrites = self._load_rewrites()
@@ -410,6 +414,7 @@ class Service:
         self.director.replace_config(self._prepare(fresh))
         self.scrapers.set_plan(fresh.data_layer)
         self._reload_discovery(fresh)
+        self._in_background(self.kv_events.set_sinks(sinks_of(fresh.plugins.values())), "KV events reload")
         self._file_rewrites = file_rewrites
         self.director.rewrites = self._rewrites()
         log.info("config reloaded from %s", self.options.config_file or "<default config>")
@@ -435,11 +440,16 @@ class Service:
             await replacement.start(initial=False)
             log.info("file discovery now reads %s", replacement.source)
 
+        self._in_background(swap(), "file discovery reload")
+
+    def _in_background(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run `work` on the serving loop (not serving yet: start() does what it would)."""
         try:
             loop = asyncio.get_running_loop()
-        except RuntimeError:  # not serving yet: start() starts the replacement
+        except RuntimeError:
+            work.close()
             return
-        task = loop.create_task(swap(), name="file discovery reload")
+        task = loop.create_task(work, name=name)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -447,6 +457,7 @@ class Service:
         if self.discovery is not None:
             await self.discovery.start()  # lists first: endpoints are known before anything serves
         await self.scrapers.start()
+        await self.kv_events.start(sinks_of(self.director.config.plugins.values()))
         await self.catalog.start()
         if self.proxy is not None:
             await self.proxy.start()
@@ -467,6 +478,7 @@ class Service:
         if self.extproc is not None:
             await self.extproc.stop()
         await self.director.close()
+        await self.kv_events.stop()
         await self.catalog.stop()
         await self.scrapers.stop()
         if self.discovery is not None:

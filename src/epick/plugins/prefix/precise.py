@@ -241,11 +241,6 @@ class PrecisePrefixCacheProducer(NamedPlugin):
     def endpoint_left(self, pod: str) -> None:
         self.index.clear(pod)
 
-    def endpoint_removed(self, name: str) -> None:
-        """The director's notice: an endpoint by this name left (its "address:port" when it has one)."""
-        if ":" in name:
-            self.index.clear(name)
-
     def block_keys(self, request: InferenceRequest) -> list[list[int]]:
         """The request's block keys, per prompt (none without tokens)."""
         tokenized = request.body.tokenized
