@@ -65,6 +65,34 @@ schedulingProfiles:
     weight: 1
   - pluginRef: max-score-picker
 """,
+    # llm-d's precise prefix-cache routing (llm-d/llm-d-router deploy/config/epp-precise-prefix-cache-
+    # config.yaml): the index fed by the simulated engines' KV events, weights 2/1/1.
+    "precise-prefix": """\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: token-producer
+- type: precise-prefix-cache-producer
+  parameters:
+    tokenProcessorConfig:
+      blockSize: 64
+- type: prefix-cache-scorer
+  parameters:
+    prefixMatchInfoProducerName: precise-prefix-cache-producer
+- type: kv-cache-utilization-scorer
+- type: queue-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: prefix-cache-scorer
+    weight: 2.0
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 1.0
+  - pluginRef: queue-scorer
+    weight: 1.0
+  - pluginRef: max-score-picker
+""",
 }
 PolicyFactory = Callable[[int], Policy]
 
@@ -303,6 +331,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--slo-tpot", type=positive_float, default=0.1, help="goodput: time-per-output-token limit in seconds"
     )
+    p.add_argument(
+        "--kv-event-delay",
+        type=_number(float, 0.0, "a delay in seconds"),
+        default=0.0,
+        help="seconds from an engine's KV event to a precise index hearing it (default 0)",
+    )
     p.add_argument("--json", help="write every run's figures to this file")
     p.add_argument("--plot", help="draw latency and throughput against load to this PNG")
     p.set_defaults(func=run)
@@ -376,6 +410,7 @@ def run(args: argparse.Namespace) -> int:
                     lora_ids=lora_ids,
                     progress=_advance(progress, task),
                     roles=roles,
+                    kv_event_delay=args.kv_event_delay,
                 )
                 started = time.perf_counter()
                 try:

@@ -15,7 +15,7 @@ objective's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from epick.config import LoadedConfig
 from epick.flowcontrol import FlowController, FlowItem, Outcome
@@ -29,12 +29,15 @@ from epick.framework import (
     RequestBody,
     Response,
     Snapshot,
+    TokenizedPrompt,
     reads_of,
 )
+from epick.kvcache import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEvent, KVEventSink
 from epick.requestcontrol.errors import RequestError
 from epick.requestcontrol.path import RequestPath
+from epick.sim import engine as sim_engine
 from epick.simulate import vocab
-from epick.simulate.types import HELD, RefusedError, ServerView, SimRequestSpec
+from epick.simulate.types import BASE_MODEL, HELD, RefusedError, ServerView, SimRequestSpec
 
 
 class EpickPolicy:
@@ -56,6 +59,13 @@ class EpickPolicy:
             self.flow = FlowController(
                 config.flow_control, config.saturation_detector, clock=lambda: self._now
             )
+        # Plugins that keep a KV-block index hear the simulated engines' events (in virtual time),
+        # and read the request's token ids, which the simulated client sends as the engine sees them.
+        self.sinks = [p for p in config.plugins.values() if isinstance(p, KVEventSink)]
+        for sink in self.sinks:
+            if hasattr(sink, "clock"):
+                sink.clock = lambda: self._now  # speculative entries expire in virtual time
+        self.reads_tokens = any(reads_of(p) & Reads.TOKENS for p in config.plugins.values())
         self._held: dict[int, tuple[SimRequestSpec, CycleState]] = {}  # request key -> (spec, its state)
         self._prefills: dict[str, int | None] = {}  # dispatched by flow control: their prefill server
         self._released: list[tuple[SimRequestSpec, int | RefusedError]] = []
@@ -103,7 +113,24 @@ class EpickPolicy:
         headers = self._session_headers.get(spec.session, {}) if spec.session else {}
         if spec.tenant:
             headers = {**headers, "x-gateway-inference-fairness-id": spec.tenant}
-        return InferenceRequest(spec.model, body, spec.request_id, headers, priority=spec.priority)
+        request = InferenceRequest(spec.model, body, spec.request_id, headers, priority=spec.priority)
+        if self.reads_tokens:
+            body.set_tokenized(TokenizedPrompt((tuple(spec.tokens),)))
+        return request
+
+    # KVEventConsumer: the engines' events, to the plugins' indexes.
+    @property
+    def consumes_kv_events(self) -> bool:
+        return bool(self.sinks)
+
+    def kv_events(
+        self, server: int, events: Sequence[object], now: float, adapters: Mapping[int, str]
+    ) -> None:
+        self._now = now
+        batch = EventBatch(now, tuple(_vllm_event(e, adapters) for e in events), 0)
+        pod = f"s{server}:0"  # the endpoint's "address:port" (a simulated server: its name, port 0)
+        for sink in self.sinks:
+            sink.tracker.apply(pod, BASE_MODEL, batch)
 
     def route(self, request: SimRequestSpec, servers: Sequence[ServerView], now: float) -> int:
         self._prefill = None
@@ -199,3 +226,29 @@ class EpickPolicy:
         response.end_of_stream = True
         for complete in hooks.response_complete:
             complete.response_complete(req, response, endpoint)
+
+
+def _vllm_event(event: object, adapters: Mapping[int, str]) -> KVEvent:
+    """A simulated engine's event as vLLM publishes it (the engine's own hashes are its keys)."""
+    if isinstance(event, sim_engine.BlockStored):
+        salt = getattr(event, "cache_salt", "")
+        extra = (
+            ([salt], *([None] * (len(event.block_hashes) - 1)))
+            if salt and event.parent_block_hash is None
+            else None
+        )
+        return BlockStored(
+            tuple(event.block_hashes),
+            event.parent_block_hash,
+            tuple(event.token_ids),
+            event.block_size,
+            event.lora_id,
+            "GPU",
+            adapters.get(event.lora_id) if event.lora_id is not None else None,
+            extra,
+        )
+    if isinstance(event, sim_engine.BlockRemoved):
+        return BlockRemoved(tuple(event.block_hashes), "GPU")
+    if isinstance(event, sim_engine.AllBlocksCleared):
+        return AllBlocksCleared()
+    raise TypeError(f"not a KV event: {event!r}")

@@ -33,6 +33,7 @@ import math
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from epick.sim.engine import EngineConfig, SimRequest
 from epick.sim.engine.cohort import CohortEngine
@@ -42,6 +43,7 @@ from epick.simulate.types import (
     BASE_MODEL,
     HELD,
     Disaggregating,
+    KVEventConsumer,
     Policy,
     Queueing,
     RefusedError,
@@ -49,7 +51,7 @@ from epick.simulate.types import (
     SimRequestSpec,
 )
 
-_ARRIVE, _ENGINE, _DISPATCH = 0, 1, 2
+_ARRIVE, _ENGINE, _DISPATCH, _KV_EVENTS = 0, 1, 2, 3
 _PREFILL = "#prefill"  # suffix of the id of a request's prefill part
 _EVENTS_PER_COLLECTION = 100_000
 
@@ -99,6 +101,9 @@ class FleetResult:
 OutputPlan = Callable[[SimRequestSpec], Sequence[int]]
 
 
+_EventData = SimRequestSpec | tuple[int, int] | int | tuple[int, list[Any]]
+
+
 class Fleet:
     def __init__(
         self,
@@ -112,10 +117,17 @@ class Fleet:
         progress: Callable[[], None] | None = None,
         stepped: bool = False,
         roles: Sequence[str | None] | None = None,
+        kv_event_delay: float = 0.0,
     ) -> None:
         self.progress = progress
-        if engine.kv_events:
-            engine = dataclasses.replace(engine, kv_events=False)  # nobody subscribes in a simulation
+        consumer = policy if isinstance(policy, KVEventConsumer) and policy.consumes_kv_events else None
+        self._kv_consumer = consumer
+        if kv_event_delay < 0:
+            raise ValueError("--kv-event-delay cannot be negative")
+        self.kv_event_delay = kv_event_delay
+        if engine.kv_events != (consumer is not None):
+            # Events cost time: recorded only for a policy that hears them.
+            engine = dataclasses.replace(engine, kv_events=consumer is not None)
         kind = SteppedEngine if stepped else CohortEngine
         self.engines: list[SteppedEngine | CohortEngine] = [kind(engine) for _ in range(servers)]
         self.policy = policy
@@ -149,7 +161,7 @@ class Fleet:
         self._scrapes = 0
         self._now = 0.0
         self._version = [0] * servers  # the engine event in the queue that is current, per server
-        self._events: list[tuple[float, int, int, SimRequestSpec | tuple[int, int] | int]] = []
+        self._events: list[tuple[float, int, int, _EventData]] = []
         self._seq = itertools.count()
         self._records: dict[str, RequestRecord] = {}
         self._in_flight: dict[str, SimRequestSpec] = {}
@@ -205,7 +217,7 @@ class Fleet:
             e.track_loras = on
 
     # The event queue.
-    def _push(self, time: float, kind: int, data: SimRequestSpec | tuple[int, int] | int) -> None:
+    def _push(self, time: float, kind: int, data: _EventData) -> None:
         heapq.heappush(self._events, (time, next(self._seq), kind, data))
 
     def _engine_event(self, server: int, time: float | None) -> None:
@@ -423,9 +435,12 @@ class Fleet:
         version = self._version
         poisson = isinstance(arrivals, Poisson)
         handled = 0
+        end = 0.0  # the last event that was not a KV-event delivery: the run's end
         while events:
             clock, _, kind, data = heapq.heappop(events)
             self._now = clock
+            if kind != _KV_EVENTS:
+                end = clock
             handled += 1
             if handled % _EVENTS_PER_COLLECTION == 0:
                 gc.collect(0)
@@ -437,6 +452,11 @@ class Fleet:
             elif kind == _DISPATCH:
                 if data == self._dispatch_version:
                     self._dispatch(clock)
+            elif kind == _KV_EVENTS:
+                assert isinstance(data, tuple) and self._kv_consumer is not None
+                server, batch = data
+                assert isinstance(batch, list)
+                self._kv_consumer.kv_events(server, batch, clock, self._adapters())
             else:
                 assert isinstance(data, SimRequestSpec)
                 self._arrive(data, clock)
@@ -444,7 +464,25 @@ class Fleet:
                     self._schedule_next_first(clock)
                 if self._records[data.request_id].failed is not None:
                     self._done(data, clock)
-        return clock
+            if self._kv_consumer is not None:
+                self._publish_kv_events(clock)
+        return end
+
+    def _publish_kv_events(self, now: float) -> None:
+        """What the engines recorded since the last look, to the policy `kv_event_delay` later (the
+        publish-to-index latency of a real deployment)."""
+        assert self._kv_consumer is not None
+        for i, engine in enumerate(self.engines):
+            if not engine.pool.events:
+                continue
+            batch = engine.pool.drain_events()
+            if self.kv_event_delay > 0:
+                self._push(now + self.kv_event_delay, _KV_EVENTS, (i, batch))
+            else:
+                self._kv_consumer.kv_events(i, batch, now, self._adapters())
+
+    def _adapters(self) -> dict[int, str]:
+        return {lora_id: model for model, lora_id in self.lora_ids.items()}
 
     def _next_first(self) -> tuple[SimRequestSpec, float] | None:
         """The next request that waits for no other, or a later turn whose earlier turn is done

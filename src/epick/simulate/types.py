@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -91,6 +91,21 @@ class Policy(Protocol):
         ...
 
     def finished(self, request: SimRequestSpec, server: int, now: float) -> None: ...
+
+
+@runtime_checkable
+class KVEventConsumer(Protocol):
+    """A policy that hears the engines' KV-cache events (BlockStored, BlockRemoved, AllBlocksCleared,
+    as epick.sim.engine records them), after the fleet's event delay."""
+
+    @property
+    def consumes_kv_events(self) -> bool: ...
+
+    def kv_events(
+        self, server: int, events: Sequence[object], now: float, adapters: Mapping[int, str]
+    ) -> None:
+        """`events` of server `server`, delivered at `now`; `adapters` names each LoRA id."""
+        ...
 
 
 @runtime_checkable
