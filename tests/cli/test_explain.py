@@ -611,7 +611,31 @@ def test_examples_exits_0(capsys: pytest.CaptureFixture[str], monkeypatch: pytes
     monkeypatch.setenv("COLUMNS", "200")
     assert main(["examples"]) == 0
     text = plain(capsys.readouterr().out)
-    for name in ("default", "lora", "pd", "shadow"):
+    for name in ("default", "lora", "pd", "shadow", "precise-prefix"):
         assert f"config/{name}.yaml" in text
     assert "shadow candidate (reported only):" in text
     assert "scheduling failed" not in text
+
+
+def test_precise_example_replays_recorded_kv_events(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    args = (
+        "--config", CONFIGS / "precise-prefix.yaml",
+        "--endpoints", EXAMPLES / "endpoints.json",
+        "--request", EXAMPLES / "request-precise-prefix.json",
+    )  # fmt: skip
+    code, result = run_json(capsys, *args, "--kv-events", EXAMPLES / "kv-events.jsonl")
+    assert code == 0 and result["targets"] == ["pod-b"]
+    # 160 prompt tokens: 2 blocks of 64; pod-b's engine reported both, pod-c's the first.
+    prefix = result["profiles"]["default"]["scorers"][0]
+    assert prefix["plugin"] == "prefix-cache-scorer/prefix-cache-scorer"
+    assert prefix["scores"] == {"pod-a": 0.0, "pod-b": 1.0, "pod-c": 0.5, "pod-d": 0.0}
+    # Without the events the precise index knows nothing.
+    _, cold = run_json(capsys, *args)
+    assert set(cold["profiles"]["default"]["scorers"][0]["scores"].values()) == {0.0}
+    # A line that is not an event batch is refused, naming the line.
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"endpoint": "10.0.0.2:8000", "model": "m", "events": [{"type": "Teleported"}]}\n')
+    assert main(["explain", *map(str, args), "--kv-events", str(bad)]) == 2
+    assert f"{bad}:1: events[0]: unknown event type 'Teleported'" in capsys.readouterr().err

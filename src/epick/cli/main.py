@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,8 +21,12 @@ from epick.cli.inputs import (
     read_history,
     read_json,
 )
-from epick.config import ConfigError, load_config, load_config_file
+from epick.cli.kv_events import KVEventsFileError, read_kv_events, record, replay
+from epick.config import ConfigError, LoadedConfig, load_config, load_config_file
 from epick.config.entrypoints import default_registry
+from epick.framework import InferenceRequest
+from epick.kvcache import KVEventSink
+from epick.requestcontrol.tokenize import RemoteTokenization
 
 EXIT_OK = 0
 EXIT_SCHEDULING_FAILED = 1
@@ -55,20 +60,47 @@ def cmd_explain(args: argparse.Namespace) -> int:
             config, read_json(args.request), args.request, path=args.path, headers=headers
         )
         history = read_history(config, args.history, endpoints, args.path) if args.history else []
+        events = read_kv_events(args.kv_events) if args.kv_events else []
     except ConfigError as e:
         for issue in e.issues:
             print(issue.render(e.source), file=sys.stderr)
         return EXIT_BAD_INPUT
-    except InputError as e:
+    except (InputError, KVEventsFileError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    sinks = [p for p in config.plugins.values() if isinstance(p, KVEventSink)]
+    if events and not sinks:
+        print(
+            "warning: --kv-events given, but no plugin of this config keeps a KV-block index", file=sys.stderr
+        )
+    replay(sinks, events)
     replay_history(config, history)
+    if config.hooks.remote_tokenizers:  # ask the model server for the tokens, as the service would
+        asyncio.run(_tokenize(config, request))
     explanation = explain(config, request, endpoints)
     if args.json:
         print(dumps(explanation))
     else:
         render(explanation, Console(highlight=False))
     return EXIT_OK if explanation.result is not None else EXIT_SCHEDULING_FAILED
+
+
+async def _tokenize(config: LoadedConfig, request: InferenceRequest) -> None:
+    remote = RemoteTokenization()
+    try:
+        await remote.tokenize(request, config.hooks.remote_tokenizers)
+    finally:
+        await remote.close()
+
+
+def cmd_kv_events(args: argparse.Namespace) -> int:
+    """Record a publisher's KV events to a file `epick explain --kv-events` replays."""
+    if args.count is None and args.seconds is None:
+        print("error: give --count or --seconds", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    written = asyncio.run(record(args.endpoint, Path(args.out), count=args.count, seconds=args.seconds))
+    print(f"{written} messages written to {args.out}")
+    return EXIT_OK
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -91,13 +123,14 @@ def cmd_examples(args: argparse.Namespace) -> int:
     configs = Path(args.configs)
     console = Console(highlight=False)
     status = EXIT_OK
-    for name in ("default", "lora", "pd", "shadow"):
+    for name in ("default", "lora", "pd", "shadow", "precise-prefix"):
         console.rule(f"[bold]config/{name}.yaml[/bold]", style="cyan")
         ns = argparse.Namespace(
             config=str(configs / f"{name}.yaml"),
             endpoints=str(root / "endpoints.json"),
             request=str(root / f"request-{name}.json"),
             history=str(root / "history.json"),
+            kv_events=str(root / "kv-events.jsonl") if name == "precise-prefix" else None,
             path=None,
             header=[],
             json=False,
@@ -137,9 +170,21 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument(
         "--header", action="append", default=[], metavar="K:V", help="a request header (repeatable)"
     )
+    ex.add_argument(
+        "--kv-events",
+        metavar="EVENTS.jsonl",
+        help="recorded KV events (epick kv-events), replayed into the config's precise prefix index first",
+    )
     ex.add_argument("--json", action="store_true", help="print one JSON object")
     ex.add_argument("--seed", type=int, default=0, help="seed for random tie-breaks and random pickers")
     ex.set_defaults(func=cmd_explain)
+
+    kv = sub.add_parser("kv-events", help="record a vLLM engine's KV events (for epick explain --kv-events)")
+    kv.add_argument("--endpoint", required=True, help="the engine's publisher, e.g. tcp://10.0.0.1:5557")
+    kv.add_argument("--out", required=True, metavar="EVENTS.jsonl")
+    kv.add_argument("--count", type=int, help="stop after this many messages")
+    kv.add_argument("--seconds", type=float, help="stop after this many seconds")
+    kv.set_defaults(func=cmd_kv_events)
 
     plugins = sub.add_parser("plugins", help="list the registered plugin types")
     plugins.set_defaults(func=cmd_plugins)
