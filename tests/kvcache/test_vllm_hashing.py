@@ -59,3 +59,14 @@ def test_extra_keys_change_the_hash_where_vllm_puts_them() -> None:
 def test_unknown_algorithm_names_the_known_ones() -> None:
     with pytest.raises(ValueError, match="sha256, sha256_cbor, xxhash, xxhash_cbor"):
         BlockHasher(16, "builtin")
+
+
+def test_event_extra_keys_strip_the_tags_as_vllm_publishes_them() -> None:
+    from epick.kvcache.vllm_hashing import event_extra_keys
+
+    assert event_extra_keys((("lora", "a", "/p"), ("mm", "img0", -3), ("cache_salt", "s"))) == [
+        "a",
+        ("img0", -3),
+        "s",
+    ]
+    assert event_extra_keys(None) is None and event_extra_keys(("bare",)) == ["bare"]

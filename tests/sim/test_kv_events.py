@@ -1,4 +1,6 @@
-"""KV-cache events as a subscriber sees them: a ZMQ SUB on the server's PUB endpoint, vLLM's wire format."""
+"""KV-cache events as a subscriber sees them: a ZMQ SUB on the server's PUB endpoint, vLLM's wire format
+(vLLM 0.34's by default: events are maps tagged by "type"). The block hashes themselves are checked
+against vLLM's hashing in test_vllm_events.py."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from epick.sim.server import SimServer, serve
 from tests.sim.conftest import BLOCK, ServerFactory, free_consecutive_ports, free_port, options, token_prompt
 
 MODEL = "sim-model"
-Event = list[Any]
+Event = dict[str, Any]
 
 
 @dataclass
@@ -48,6 +50,7 @@ class Subscriber:
         decoded = msgpack.unpackb(payload, raw=False, strict_map_key=False)
         assert isinstance(decoded, list) and len(decoded) == 3, decoded
         ts, events, dp_rank = decoded
+        assert all(isinstance(e, dict) and "type" in e for e in events), events
         message = Message(topic, int.from_bytes(seq, "big"), ts, events, dp_rank)
         self.received.append(message)
         return message
@@ -100,19 +103,19 @@ async def connect(sub: Subscriber, client: Client, attempts: int = 40) -> None:
 
 
 def kinds(events: list[Event]) -> list[str]:
-    return [e[0] for e in events]
+    return [e["type"] for e in events]
 
 
 def stored(events: list[Event]) -> list[Event]:
-    return [e for e in events if e[0] == "BlockStored"]
+    return [e for e in events if e["type"] == "BlockStored"]
 
 
 def stored_hashes(events: list[Event]) -> list[int]:
-    return [h for e in stored(events) for h in e[1]]
+    return [h for e in stored(events) for h in e["block_hashes"]]
 
 
 def removed_hashes(events: list[Event]) -> list[int]:
-    return [h for e in events if e[0] == "BlockRemoved" for h in e[1]]
+    return [h for e in events if e["type"] == "BlockRemoved" for h in e["block_hashes"]]
 
 
 def has_stored_tokens(tokens: list[int]) -> Callable[[list[Event]], bool]:
@@ -122,7 +125,7 @@ def has_stored_tokens(tokens: list[int]) -> Callable[[list[Event]], bool]:
 
 
 def _chains(events: list[Event]) -> list[list[int]]:
-    return [e[3] for e in stored(events)]
+    return [e["token_ids"] for e in stored(events)]
 
 
 @pytest.fixture
@@ -167,8 +170,13 @@ async def test_block_stored_wire_format(make_kv: Callable[..., Any]) -> None:
     assert isinstance(message.timestamp, float) and message.timestamp > 1.6e9
     assert message.dp_rank == 0
     [event] = stored(events)
-    tag, hashes, parent, token_ids, block_size, lora_id, medium = event
-    assert tag == "BlockStored"
+    # vLLM 0.34 omits fields at their default (extra_keys, group_idx), not the required ones.
+    assert set(event) == {
+        "type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+        "lora_name",
+    }  # fmt: skip
+    hashes, parent, token_ids = event["block_hashes"], event["parent_block_hash"], event["token_ids"]
+    block_size, lora_id, medium = event["block_size"], event["lora_id"], event["medium"]
     assert len(hashes) == 3
     assert all(isinstance(h, int) and 0 <= h < 2**64 for h in hashes)
     assert len(set(hashes)) == 3
@@ -177,7 +185,8 @@ async def test_block_stored_wire_format(make_kv: Callable[..., Any]) -> None:
     assert len(token_ids) == len(hashes) * block_size
     assert block_size == BLOCK
     assert lora_id is None
-    assert medium is None
+    assert event["lora_name"] is None
+    assert medium == "GPU"
 
 
 async def test_extension_links_to_parent_and_repeat_stores_nothing(make_kv: Callable[..., Any]) -> None:
@@ -191,9 +200,9 @@ async def test_extension_links_to_parent_and_repeat_stores_nothing(make_kv: Call
     tail_tokens = longer[2 * BLOCK : 4 * BLOCK]
     events = await kv.sub.events_until(lambda evs: any(t == tail_tokens for t in _chains(evs)))
     [tail] = stored(events)
-    assert tail[2] == head[1][-1]  # parent: the last block of the cached prefix
-    assert len(tail[1]) == 2
-    assert not set(tail[1]) & set(head[1])
+    assert tail["parent_block_hash"] == head["block_hashes"][-1]  # the last block of the cached prefix
+    assert len(tail["block_hashes"]) == 2
+    assert not set(tail["block_hashes"]) & set(head["block_hashes"])
 
     # The same prompt again: every full block is cached, so it publishes nothing; the next
     # request's event is the next message.
@@ -202,7 +211,7 @@ async def test_extension_links_to_parent_and_repeat_stores_nothing(make_kv: Call
     await kv.client.complete(longer)
     await kv.client.complete(marker)
     events = await kv.sub.events_until(has_stored_tokens(marker))
-    assert [e[3] for e in events] == [marker]
+    assert [e["token_ids"] for e in events] == [marker]
     assert kv.sub.received[-1].seq == seq_before + 1
 
 
@@ -237,9 +246,9 @@ async def test_eviction_publishes_block_removed(make_kv: Callable[..., Any]) -> 
     assert all(len(h) == 3 for h in stored_by_prompt)
     # The first two requests fill the cache. The third evicts the least recently freed blocks,
     # the first request's; the fourth, the second's.
-    removals = [e for e in events if e[0] == "BlockRemoved"]
-    assert [set(e[1]) for e in removals] == [set(stored_by_prompt[0]), set(stored_by_prompt[1])]
-    assert all(e[2] is None for e in removals)  # medium
+    removals = [e for e in events if e["type"] == "BlockRemoved"]
+    assert [set(e["block_hashes"]) for e in removals] == [set(stored_by_prompt[0]), set(stored_by_prompt[1])]
+    assert all(e["medium"] == "GPU" for e in removals)
     stored_, removed_ = "BlockStored", "BlockRemoved"
     assert kinds(events) == [stored_, stored_, removed_, stored_, removed_, stored_]
     # What was removed is no longer cached; what is still stored is.
@@ -257,13 +266,13 @@ async def test_reset_prefix_cache_publishes_all_blocks_cleared(make_kv: Callable
     async with kv.client.http.post(kv.server.url + "/reset_prefix_cache") as r:
         assert r.status == 200
     message = await kv.sub.recv()
-    assert message.events == [["AllBlocksCleared"]]
+    assert message.events == [{"type": "AllBlocksCleared"}]
     assert message.seq == kv.sub.received[-2].seq + 1
     # After the reset the same prompt is stored afresh, as a new chain.
     await kv.client.complete(prompt)
     [event] = stored(await kv.sub.events_until(has_stored_tokens(prompt)))
-    assert event[2] is None
-    assert event[3] == prompt
+    assert event["parent_block_hash"] is None
+    assert event["token_ids"] == prompt
 
 
 async def test_lora_requests_carry_the_adapter_id(make_kv: Callable[..., Any]) -> None:
@@ -273,9 +282,9 @@ async def test_lora_requests_carry_the_adapter_id(make_kv: Callable[..., Any]) -
     for model in ("beta", MODEL):
         await kv.client.complete(prompt, model=model)
         [event] = stored(await kv.sub.events_until(has_stored_tokens(prompt)))
-        ids[model] = event[5]
-    assert ids == {"beta": kv.server.loras["beta"], MODEL: None}
-    assert ids["beta"] == 2
+        ids[model] = (event["lora_id"], event["lora_name"])
+    assert ids == {"beta": (kv.server.loras["beta"], "beta"), MODEL: (None, None)}
+    assert ids["beta"][0] == 2
 
 
 async def test_serve_count_two_publishes_on_consecutive_ports(

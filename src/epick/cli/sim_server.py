@@ -9,8 +9,10 @@ import sys
 
 import uvloop
 
+from epick.kvcache.vllm_hashing import DEFAULT_ALGORITHM, HASH_ALGORITHMS
+from epick.sim import tokenizing
 from epick.sim.errors import FAILURE_TYPES
-from epick.sim.options import ServerOptions
+from epick.sim.options import KV_EVENTS_ENCODINGS, ServerOptions
 from epick.sim.server import SimServer, serve
 
 
@@ -50,6 +52,26 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--max-loras", type=int, default=None, help="LoRA slots (default 1)")
     p.add_argument("--kv-events-endpoint", help="publish KV events on tcp://HOST:PORT (server i: PORT + i)")
+    p.add_argument(
+        "--kv-events-encoding",
+        choices=KV_EVENTS_ENCODINGS,
+        default="map",
+        help="KV events as vLLM 0.34 encodes them (map: events are maps tagged by 'type'), or as "
+        "earlier vLLM did (array: tagged positional arrays) (default map)",
+    )
+    p.add_argument(
+        "--prefix-caching-hash-algo",
+        choices=HASH_ALGORITHMS,
+        default=DEFAULT_ALGORITHM,
+        help="vLLM's block hash function, for the hashes the KV events carry; NONE_HASH is seeded by "
+        f"the PYTHONHASHSEED environment variable, as in vLLM (default {DEFAULT_ALGORITHM})",
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="tokenize prompts and chats with this model tokenizer (a directory holding tokenizer.json "
+        "and tokenizer_config.json, or the tokenizer.json file) as vLLM does; default: the built-in one",
+    )
     p.add_argument("--failure-rate", type=float, default=0.0, help="share of requests answered with an error")
     p.add_argument(
         "--failure-types",
@@ -116,6 +138,9 @@ def options_from(args: argparse.Namespace) -> ServerOptions:
         name=args.name,
         lora_modules=tuple(args.lora_modules),
         kv_events_endpoint=args.kv_events_endpoint,
+        kv_events_encoding=args.kv_events_encoding,
+        prefix_caching_hash_algo=args.prefix_caching_hash_algo,
+        tokenizer=args.tokenizer,
         failure_rate=args.failure_rate,
         failure_types=failure_types or ("rate_limit", "server_error"),
         latency_spike_rate=args.latency_spike_rate,
@@ -128,6 +153,11 @@ def options_from(args: argparse.Namespace) -> ServerOptions:
 
 def run(args: argparse.Namespace) -> int:
     options = options_from(args)
+    try:
+        tokenizing.load(options.tokenizer)  # a bad --tokenizer is an error before any server starts
+    except ValueError as e:
+        print(f"epick sim-server: {e}", file=sys.stderr)
+        return 2
 
     def ready(servers: list[SimServer]) -> None:
         for s in servers:

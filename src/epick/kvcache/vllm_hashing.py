@@ -130,3 +130,19 @@ class BlockHasher:
             prev = self.fn((prev, tuple(token_ids[i * bs : (i + 1) * bs]), extra))
             out.append(prev)
         return out
+
+
+def event_extra_keys(keys: tuple[Any, ...] | None) -> list[Any] | None:
+    """A block's extra keys as vLLM's events carry them (`to_event_extra_keys`): tags stripped, a
+    multimodal key ("mm", id, offset) as (id, offset), any other (tag, value, ...) as its value."""
+    if not keys:
+        return None
+    out: list[Any] = []
+    for key in keys:
+        if isinstance(key, tuple) and len(key) >= 3 and key[0] == "mm":
+            out.append((key[1], key[2]))
+        elif isinstance(key, tuple) and len(key) >= 2 and isinstance(key[0], str):
+            out.append(key[1])
+        else:
+            out.append(key)
+    return out

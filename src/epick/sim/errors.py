@@ -13,7 +13,7 @@ class APIError(Exception):
     status: int
     message: str
     type: str
-    code: str | None = None
+    code: str | int | None = None  # OpenAI's string codes; vLLM's own endpoints put the HTTP status
     param: str | None = None
 
     def body(self) -> dict[str, Any]:
@@ -22,6 +22,11 @@ class APIError(Exception):
 
 def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, "BadRequestError", None, param)
+
+
+def with_status_code(error: APIError) -> APIError:
+    """The error as vLLM's own endpoints (/tokenize, /detokenize) write it: `code` is the status."""
+    return APIError(error.status, error.message, error.type, error.status, error.param)
 
 
 def model_not_found(model: str) -> APIError:

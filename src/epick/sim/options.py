@@ -6,9 +6,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from epick.kvcache.vllm_hashing import HASH_ALGORITHMS
 from epick.sim.engine import CostModel, EngineConfig
 
 Role = Literal["both", "prefill", "decode"]
+KV_EVENTS_ENCODINGS = ("map", "array")  # vLLM 0.34's events (maps tagged by "type"), older (arrays)
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +24,10 @@ class ServerOptions:
     name: str | None = None  # identity shown in the x-epick-sim-server header; default host:port
     lora_modules: tuple[str, ...] = ()
     kv_events_endpoint: str | None = None  # tcp://HOST:PORT; server i binds PORT + i
+    kv_events_encoding: str = "map"  # see KV_EVENTS_ENCODINGS
+    # vLLM's --prefix-caching-hash-algo: the block hashes the KV events carry (seeded by PYTHONHASHSEED).
+    prefix_caching_hash_algo: str = "sha256"
+    tokenizer: str | None = None  # a model's tokenizer files (directory or tokenizer.json); None: built-in
     failure_rate: float = 0.0
     failure_types: tuple[str, ...] = ("rate_limit", "server_error")
     # Latency spikes: each request accepted for generation is, with probability latency_spike_rate
@@ -34,6 +40,14 @@ class ServerOptions:
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self) -> None:
+        if self.kv_events_encoding not in KV_EVENTS_ENCODINGS:
+            choices = ", ".join(KV_EVENTS_ENCODINGS)
+            raise ValueError(f"--kv-events-encoding {self.kv_events_encoding!r}: choose from {choices}")
+        if self.prefix_caching_hash_algo not in HASH_ALGORITHMS:
+            raise ValueError(
+                f"--prefix-caching-hash-algo {self.prefix_caching_hash_algo!r}: "
+                f"choose from {', '.join(HASH_ALGORITHMS)}"
+            )
         if not (math.isfinite(self.latency_spike_rate) and 0.0 <= self.latency_spike_rate <= 1.0):
             raise ValueError(
                 f"--latency-spike-rate {self.latency_spike_rate!r}: give a probability in [0, 1]"

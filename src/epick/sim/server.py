@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import time
 import uuid
@@ -24,10 +25,10 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from epick.sim import errors, tokenizer
-from epick.sim.engine import Engine, RequestOutput, SimRequest, StepResult
+from epick.sim import errors, tokenizing
+from epick.sim.engine import Engine, KVEvent, RequestOutput, SimRequest, StepResult
 from epick.sim.errors import APIError
-from epick.sim.kv_events import KVEventPublisher
+from epick.sim.kv_events import KVEventPublisher, VLLMHashes
 from epick.sim.metrics import ServerMetrics
 from epick.sim.openai_api import (
     _ChatWriter,
@@ -35,9 +36,11 @@ from epick.sim.openai_api import (
     _model_card,
     _sse,
     _Writer,
+    cache_salt,
     chat_prompt,
     completion_prompt,
     finish_reason,
+    flag,
     read_json,
     usage,
 )
@@ -65,13 +68,15 @@ class SimServer:
         self.name = f"{options.name}-{index}" if options.name and options.count > 1 else options.name
         self.engine = Engine(options.engine)
         self.metrics = ServerMetrics(self.engine, options.model)
+        self.tokenizer = tokenizing.load(options.tokenizer)
         self.loras: dict[str, int] = {}
+        self._adapters: dict[int, tuple[str, str]] = {}  # LoRA id -> (name, path), for the KV events
         self._next_lora_id = 0
         if options.lora_modules and options.engine.max_loras <= 0:
             raise ValueError("--lora-modules needs LoRA slots: set --max-loras to 1 or more")
         for module in options.lora_modules:
-            lora_name, _, _path = module.partition("=")
-            self._add_lora(lora_name)
+            lora_name, _, path = module.partition("=")
+            self._add_lora(lora_name, path)
         self._rng = random.Random(options.seed * 1000 + index)
         # Spikes draw from their own generator, so turning them on leaves the failure draws as they were.
         self._spike_rng = random.Random(f"latency-spike:{options.seed}:{index}")
@@ -84,6 +89,7 @@ class SimServer:
         self._loop_task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self._publisher: KVEventPublisher | None = None
+        self._hashes: VLLMHashes | None = None
         self._t0_wall = 0.0
         self._t0_sim = 0.0
         self._last_prefix = (0, 0)
@@ -99,6 +105,8 @@ class SimServer:
         app.router.add_post("/v1/load_lora_adapter", self._load_lora)
         app.router.add_post("/v1/unload_lora_adapter", self._unload_lora)
         app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_post("/detokenize", self._detokenize)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.options.host, self.port)
@@ -110,7 +118,14 @@ class SimServer:
         if self.options.kv_events_endpoint:
             endpoint = _offset_endpoint(self.options.kv_events_endpoint, self._index)
             topic = f"kv@{self.options.host}:{self.port}@{self.options.model}"
-            self._publisher = KVEventPublisher(endpoint, topic)
+            self._hashes = VLLMHashes(
+                self.options.engine.block_size,
+                self.options.prefix_caching_hash_algo,
+                os.environ.get("PYTHONHASHSEED"),  # vLLM's seed of NONE_HASH
+                adapters=self._adapters.get,
+                requests=lambda: [p.request for p in self._pending.values()],
+            )
+            self._publisher = KVEventPublisher(endpoint, topic, encoding=self.options.kv_events_encoding)
         loop = asyncio.get_running_loop()
         self._t0_wall = loop.time()
         self._loop_task = asyncio.create_task(self._run_engine(), name=f"engine {self.name}")
@@ -178,7 +193,7 @@ class SimServer:
             if pending is not None:
                 pending.queue.put_nowait(out)
         if self._publisher is not None and result.events:
-            self._publisher.publish(result.events)
+            self._publish(result.events)
 
     # HTTP plumbing.
     @web.middleware
@@ -209,13 +224,19 @@ class SimServer:
         data += [_model_card(name, name, base, created, max_len) for name in self.loras]
         return web.json_response({"object": "list", "data": data})
 
-    def _add_lora(self, name: str) -> None:
+    def _publish(self, events: list[KVEvent]) -> None:
+        """The engine's events, as vLLM's (its block hashes), to the KV-event subscribers."""
+        assert self._publisher is not None and self._hashes is not None
+        self._publisher.publish(self._hashes.translate(events))
+
+    def _add_lora(self, name: str, path: str = "") -> None:
         if not name:
             raise errors.bad_request("lora_name is required", "lora_name")
         if name not in self.loras:
             # Ids only grow: an adapter loaded after an unload never shares another's cache blocks.
             self._next_lora_id += 1
             self.loras[name] = self._next_lora_id
+            self._adapters[self._next_lora_id] = (name, path)
 
     async def _load_lora(self, request: web.Request) -> web.Response:
         body = await read_json(request)
@@ -226,7 +247,8 @@ class SimServer:
             raise errors.bad_request("LoRA is not enabled on this server (max_loras is 0)")
         if name in self.loras:
             raise errors.bad_request(f"The lora adapter '{name}' has already been loaded.", "lora_name")
-        self._add_lora(name)
+        path = body.get("lora_path")
+        self._add_lora(name, path if isinstance(path, str) else "")
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 
     async def _unload_lora(self, request: web.Request) -> web.Response:
@@ -242,18 +264,73 @@ class SimServer:
     async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
         if not self.engine.reset_prefix_cache():
             raise errors.bad_request("the prefix cache cannot be reset while requests are running")
+        events = self.engine.pool.drain_events()
         if self._publisher is not None:
-            self._publisher.publish(self.engine.pool.drain_events())
+            self._publish(events)
         return web.Response(status=200)
+
+    # vLLM's tokenizer endpoints.
+    def _check_optional_model(self, body: dict[str, Any]) -> None:
+        model = body.get("model")
+        if model is None or model == "":
+            return
+        if not isinstance(model, str):
+            raise errors.bad_request("'model' must be a string", "model")
+        if model != self.options.model and model not in self.loras:
+            raise errors.model_not_found(model)
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        """POST /tokenize: {prompt, add_special_tokens=true} or {messages, add_generation_prompt,
+        continue_final_message, add_special_tokens=false, tools, chat_template_kwargs}, as vLLM."""
+        try:
+            body = await read_json(request)
+            self._check_optional_model(body)
+            strings = flag(body, "return_token_strs", False)
+            if "messages" in body:
+                tokens = chat_prompt(body, self.tokenizer)
+            elif "prompt" in body:
+                prompt = body["prompt"]
+                if not isinstance(prompt, str):
+                    raise errors.bad_request("'prompt' must be a string", "prompt")
+                tokens = self.tokenizer.encode(
+                    prompt, add_special_tokens=flag(body, "add_special_tokens", True)
+                )
+            else:
+                raise errors.bad_request("either 'prompt' or 'messages' is required")
+        except APIError as e:
+            raise errors.with_status_code(e) from None
+        return web.json_response(
+            {
+                "count": len(tokens),
+                "max_model_len": self.options.engine.max_model_len,
+                "tokens": tokens,
+                "token_strs": self.tokenizer.token_strings(tokens) if strings else None,
+            }
+        )
+
+    async def _detokenize(self, request: web.Request) -> web.Response:
+        """POST /detokenize: {tokens} -> {prompt}, special tokens kept (vLLM decodes them)."""
+        try:
+            body = await read_json(request)
+            self._check_optional_model(body)
+            tokens = body.get("tokens")
+            if not isinstance(tokens, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens
+            ):
+                raise errors.bad_request("'tokens' must be a list of non-negative integers", "tokens")
+            self.tokenizer.check_ids(tokens, "tokens")
+        except APIError as e:
+            raise errors.with_status_code(e) from None
+        return web.json_response({"prompt": self.tokenizer.decode(tokens, skip_special_tokens=False)})
 
     # Inference.
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await read_json(request)
-        return await self._generate(request, body, completion_prompt(body), chat=False)
+        return await self._generate(request, body, completion_prompt(body, self.tokenizer), chat=False)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await read_json(request)
-        return await self._generate(request, body, chat_prompt(body), chat=True)
+        return await self._generate(request, body, chat_prompt(body, self.tokenizer), chat=True)
 
     def _check(self, body: dict[str, Any]) -> tuple[str, str | None, int]:
         model = body.get("model")
@@ -275,6 +352,7 @@ class SimServer:
         self, http: web.Request, body: dict[str, Any], tokens: list[int], *, chat: bool
     ) -> web.StreamResponse:
         model, lora, max_tokens = self._check(body)
+        salt = cache_salt(body)
         if not tokens:
             raise errors.bad_request("the prompt is empty", "messages" if chat else "prompt")
         max_len = self.options.engine.max_model_len
@@ -302,8 +380,9 @@ class SimServer:
             arrival_time=self.sim_now(),
             lora=lora,
             lora_id=self.loras.get(lora) if lora else None,
+            cache_salt=salt,
             remote_prefill=remote_prefill and role != "prefill",
-            output_plan=tokenizer.output_plan(request_id, max_tokens),
+            output_plan=self.tokenizer.output_plan(request_id, max_tokens),
         )
         try:
             self.engine.add_request(req)
@@ -355,7 +434,7 @@ class SimServer:
         texts = []
         while True:
             out = await self._next(pending)
-            texts.append(tokenizer.decode(out.new_token_ids))
+            texts.append(self.tokenizer.decode(out.new_token_ids))
             if out.finished:
                 break
         body = writer.full("".join(texts), finish_reason(pending.request), usage(pending.request))
@@ -378,7 +457,7 @@ class SimServer:
             except APIError as e:
                 await response.write(_sse(e.body()))
                 break
-            text = tokenizer.decode(out.new_token_ids)
+            text = self.tokenizer.decode(out.new_token_ids)
             finish = finish_reason(pending.request) if out.finished else None
             chunk = writer.delta(text, finish)
             if out.finished:

@@ -31,6 +31,7 @@ class BlockStored:
     token_ids: list[int]
     block_size: int
     lora_id: int | None
+    cache_salt: str = ""  # the storing request's (it is part of a chain's first block hash in vLLM)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +178,8 @@ class BlockPool:
         parent: int | None,
         token_ids: Sequence[int],  # for the BlockStored event (empty when events are off)
         lora_id: int | None,
+        *,
+        cache_salt: str = "",
     ) -> None:
         if self.block_hash[block_id] is not None or block_hash in self.cached:
             return  # already cached (here or in an identical block)
@@ -195,7 +198,9 @@ class BlockPool:
             last.block_hashes.append(block_hash)
             last.token_ids.extend(token_ids)
             return
-        self.events.append(BlockStored([block_hash], parent, list(token_ids), self.block_size, lora_id))
+        self.events.append(
+            BlockStored([block_hash], parent, list(token_ids), self.block_size, lora_id, cache_salt)
+        )
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash (vLLM's reset); refused while blocks are in use."""

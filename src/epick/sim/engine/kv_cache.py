@@ -1,9 +1,9 @@
 """Blocks per request and automatic prefix caching, over a `BlockPool`.
 
-A full block's hash covers its tokens, its parent block's hash and the request's LoRA adapter, so
-equal hashes mean equal prefixes (xxhash64: the same in every process). Only full blocks are
-cached. When a whole prompt is cached, its last block is recomputed anyway (a step needs at least
-one token to produce the next), as in vLLM.
+A full block's hash covers its tokens, its parent block's hash and the request's LoRA adapter and
+cache salt (both in the chain's root), so equal hashes mean equal prefixes (xxhash64: the same in
+every process). Only full blocks are cached. When a whole prompt is cached, its last block is
+recomputed anyway (a step needs at least one token to produce the next), as in vLLM.
 """
 
 from __future__ import annotations
@@ -21,9 +21,13 @@ _xxh64 = xxhash.xxh64_intdigest
 _WIDE = b"\xff"  # marks a block holding a token id of 2**16 or more (stored as 4 bytes per token)
 
 
-def _root(lora_id: int | None) -> int:
-    """The seed of a chain's first block: one per adapter, so adapters never share blocks."""
-    return _xxh64(b"" if lora_id is None else b"lora:%d" % lora_id)
+def _root(lora_id: int | None, cache_salt: str = "") -> int:
+    """The seed of a chain's first block: one per adapter (and cache salt), so adapters (and
+    salts) never share blocks."""
+    root = b"" if lora_id is None else b"lora:%d" % lora_id
+    if cache_salt:
+        root += b"\x00salt:" + cache_salt.encode("utf-8", "surrogatepass")
+    return _xxh64(root)
 
 
 def block_hash(parent: int | None, tokens: Sequence[int], lora_id: int | None) -> int:
@@ -33,14 +37,21 @@ def block_hash(parent: int | None, tokens: Sequence[int], lora_id: int | None) -
 
 
 def chain_hashes(
-    tokens: Sequence[int], start: int, end: int, *, block_size: int, parent: int | None, lora_id: int | None
+    tokens: Sequence[int],
+    start: int,
+    end: int,
+    *,
+    block_size: int,
+    parent: int | None,
+    lora_id: int | None,
+    cache_salt: str = "",
 ) -> list[int]:
     """The hashes of full blocks start … end−1 of `tokens`, chained on from `parent` (block start−1's).
 
     A block is hashed as its token ids in 16 bits each (one buffer for the whole range, sliced per
     block: a call per block and no int objects); a block holding a larger id is hashed in 32 bits
     with a marker, so the same tokens hash the same whatever sequence type holds them."""
-    seed = parent if parent is not None else _root(lora_id)
+    seed = parent if parent is not None else _root(lora_id, cache_salt)
     lo, hi = start * block_size, end * block_size
     if isinstance(tokens, array) and tokens.typecode == "H":
         data = tokens[lo:hi].tobytes()
@@ -87,18 +98,27 @@ class KVCacheManager:
         if want <= len(hashes):
             return
         lora_id = req.lora_id
+        salt = req.cache_salt
         in_prompt = min(want, req.num_prompt // bs)  # blocks read straight from the prompt
         if in_prompt > len(hashes):
             parent = hashes[-1] if hashes else None
             have = len(hashes)
             hashes += chain_hashes(
-                req.prompt_token_ids, have, in_prompt, block_size=bs, parent=parent, lora_id=lora_id
+                req.prompt_token_ids,
+                have,
+                in_prompt,
+                block_size=bs,
+                parent=parent,
+                lora_id=lora_id,
+                cache_salt=salt,
             )
         have = len(hashes)
         if have < want:  # blocks holding generated tokens: spelled once, then hashed
             tokens = req.tokens(have * bs, want * bs)
             parent = hashes[-1] if hashes else None
-            hashes += chain_hashes(tokens, 0, want - have, block_size=bs, parent=parent, lora_id=lora_id)
+            hashes += chain_hashes(
+                tokens, 0, want - have, block_size=bs, parent=parent, lora_id=lora_id, cache_salt=salt
+            )
 
     def computed_blocks(self, req: SimRequest) -> list[int]:
         """The cached blocks that hold a prefix of this request's tokens (none when caching is off)."""
@@ -176,7 +196,14 @@ class KVCacheManager:
             if pool.block_hash[block_id] == hashes[i]:
                 continue
             parent = hashes[i - 1] if i else None
-            pool.cache_full_block(block_id, hashes[i], parent, req.tokens(i * bs, (i + 1) * bs), req.lora_id)
+            pool.cache_full_block(
+                block_id,
+                hashes[i],
+                parent,
+                req.tokens(i * bs, (i + 1) * bs),
+                req.lora_id,
+                cache_salt=req.cache_salt,
+            )
 
     def free(self, req: SimRequest) -> None:
         # Tail blocks first, so a request's later blocks are evicted before its prefix (as vLLM);

@@ -28,6 +28,8 @@ class SimRequest:
     arrival_time: float = 0.0
     lora: str | None = None
     lora_id: int | None = None
+    # vLLM's `cache_salt`: requests with different salts never share cached blocks ("" for none).
+    cache_salt: str = ""
     # The prompt's KV arrives from a prefill server: its tokens cost transfer time, not prefill.
     remote_prefill: bool = False
     # Token ids to emit, in order (the server decides the text); past its end the engine repeats it.
