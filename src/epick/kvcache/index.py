@@ -99,6 +99,14 @@ class BlockIndex:
                     del keys[key]
         return dropped
 
+    def blocks_by_pod(self) -> dict[str, int]:
+        """How many keys each endpoint holds (a scan: for reports and tests, not the request path)."""
+        out: dict[str, int] = {}
+        for held in self._keys.values():
+            for pod in {e[0] for e in held}:
+                out[pod] = out.get(pod, 0) + 1
+        return out
+
     def lookup(self, keys: Sequence[int], pods: Collection[str] | None = None) -> list[tuple[Entry, ...]]:
         """The entries of each key of the longest run, from the first, that some endpoint of `pods`
         (None: any) holds: the run ends at the first key none of them holds."""

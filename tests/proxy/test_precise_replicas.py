@@ -1,0 +1,167 @@
+"""Two `epick serve` replicas subscribed to the same simulated vLLM engines' KV events hold the same
+truth: a prompt whose prefix one engine computed (sent to it directly, behind the routers' backs) goes
+to that engine from either replica."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from epick.cli.serve import ServeOptions, Service
+from epick.config import load_config_text
+from epick.datalayer.datastore import EndpointSpec
+from epick.plugins.prefix.precise import PrecisePrefixCacheProducer
+from epick.proxy.server import ENDPOINT_HEADER, ProxyOptions
+from epick.sim.server import SimServer
+from tests.datalayer.pages import start_sim, stop_sim
+
+TOKENIZER = Path(__file__).resolve().parents[1] / "data" / "tokenizer"
+MODEL = "sim-model"
+SYSTEM = "You answer questions about routing requests to model servers with a prefix cache. " * 6
+
+
+def free_consecutive_ports(n: int) -> int:
+    """A base port such that base .. base+n-1 are free now."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n >= 65536:
+            continue
+        try:
+            held = []
+            for i in range(n):
+                t = socket.socket()
+                held.append(t)
+                t.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for t in held:
+                t.close()
+    raise RuntimeError("no run of free ports")
+
+
+def config_text(events_base: int) -> str:
+    return f"""apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: token-producer
+  parameters: {{local: {{path: {TOKENIZER}}}}}
+- type: precise-prefix-cache-producer
+  parameters:
+    tokenProcessorConfig: {{blockSize: 16}}
+    kvEventsConfig: {{podDiscoveryConfig: {{socketPort: {events_base}}}}}
+- type: prefix-cache-scorer
+  parameters: {{prefixMatchInfoProducerName: precise-prefix-cache-producer}}
+- type: queue-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - {{pluginRef: prefix-cache-scorer, weight: 10}}
+  - {{pluginRef: queue-scorer, weight: 1}}
+  - {{pluginRef: max-score-picker}}
+"""
+
+
+async def until(condition: Callable[[], bool], what: str, act: Callable[[], object] | None = None) -> None:
+    for _ in range(400):
+        if condition():
+            return
+        if act is not None:
+            result = act()
+            if asyncio.iscoroutine(result):
+                await result
+        await asyncio.sleep(0.025)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[tuple[list[SimServer], list[Service]]]:
+    base = free_consecutive_ports(3)
+    # One pod's three ranks: rank i (its i-th port) publishes on base + i, as data-parallel vLLM does.
+    ports = sorted(free_consecutive_ports(1) for _ in range(3))
+    sims = [
+        await start_sim(
+            port=port, tokenizer=str(TOKENIZER), kv_events_endpoint=f"tcp://127.0.0.1:{base + i}", seed=20 + i
+        )
+        for i, port in enumerate(ports)
+    ]
+    specs = tuple(EndpointSpec(f"127.0.0.1:{s.port}", "127.0.0.1", s.port, {}, pod_name="sims") for s in sims)
+    services = []
+    for seed in (1, 2):
+        options = ServeOptions(
+            endpoints=specs,
+            proxy=ProxyOptions(host="127.0.0.1", port=0, expose_endpoint=True),
+            metrics_port=None,
+            seed=seed,
+            refresh_metrics_interval=0.02,
+        )
+        service = Service(options, load_config_text(config_text(base), seed=seed))
+        await service.start()
+        services.append(service)
+    yield sims, services
+    for service in services:
+        await service.stop()
+    for sim in sims:
+        await stop_sim(sim)
+
+
+def producer_of(service: Service) -> PrecisePrefixCacheProducer:
+    plugin = service.director.config.plugins["precise-prefix-cache-producer"]
+    assert isinstance(plugin, PrecisePrefixCacheProducer)
+    return plugin
+
+
+async def test_two_replicas_route_a_prompt_to_the_engine_that_holds_it(
+    fleet: tuple[list[SimServer], list[Service]],
+) -> None:
+    sims, services = fleet
+    producers = [producer_of(s) for s in services]
+    pods = [f"127.0.0.1:{s.port}" for s in sims]
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+
+        async def direct(sim: SimServer, content: str) -> None:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 1}
+            async with http.post(f"http://127.0.0.1:{sim.port}/v1/chat/completions", json=body) as r:
+                assert r.status == 200, await r.text()
+
+        # Until both replicas hear every engine (a SUB socket misses what is sent before it joins).
+        for n, sim in enumerate(sims):
+            pod = pods[n]
+            await until(
+                lambda pod=pod: all(p.index.blocks_by_pod().get(pod, 0) > 0 for p in producers),
+                f"both replicas hearing {pod}",
+                lambda sim=sim, n=n: direct(sim, f"warm-up {n}: " + "tokens " * 40),
+            )
+        # The system prompt is computed on the last engine, behind the routers' backs.
+        holder = sims[-1]
+        before = [p.index.blocks_by_pod().get(pods[-1], 0) for p in producers]
+        await direct(holder, SYSTEM + "First question?")
+        await until(
+            lambda: all(
+                p.index.blocks_by_pod().get(pods[-1], 0) > held + 5
+                for p, held in zip(producers, before, strict=True)
+            ),
+            "the system prompt's blocks on both replicas",
+        )
+        served = []
+        for service in services:
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": SYSTEM + "Another question?"}],
+                "max_tokens": 2,
+            }
+            assert service.proxy is not None
+            url = f"http://127.0.0.1:{service.proxy.port}/v1/chat/completions"
+            async with http.post(url, json=body) as r:
+                assert r.status == 200, await r.text()
+                served.append(r.headers[ENDPOINT_HEADER])
+    assert served == [pods[-1], pods[-1]]
