@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_service.py
 	$(BIN)/python benchmarks/bench_simulate.py
 	$(BIN)/python benchmarks/bench_flowcontrol.py
+	$(BIN)/python benchmarks/bench_precise.py
 
 demo: $(STAMP)
 	$(BIN)/epick demo

@@ -143,3 +143,20 @@ def test_bad_sizes_are_refused() -> None:
         TokenProcessor(0)
     with pytest.raises(ValueError, match="token id"):
         TokenProcessor(2).keys([1, -1], "m")
+
+
+@pytest.mark.parametrize("offloaded", [False, True], ids=["one-tier", "tiered"])
+def test_the_one_pass_scoring_equals_the_two_step_one(offloaded: bool) -> None:
+    import random
+
+    rng = random.Random(5)
+    index = BlockIndex(pod_cache_size=4)
+    keys = list(range(40))
+    for pod in ("a", "b", "c", "d", "e"):
+        held = rng.randrange(len(keys))
+        index.add(keys[:held], (pod, "gpu"))
+        index.add(rng.sample(keys, 10), (pod, "gpu"))  # holes after the run do not extend it
+        if offloaded:
+            index.add(keys[: held + 3], (pod, "cpu"))
+    for pods in (None, {"a", "c", "e"}):
+        assert index.longest_prefix(keys, pods) == longest_prefix_scores(index.lookup(keys, pods))

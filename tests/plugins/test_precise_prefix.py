@@ -150,7 +150,7 @@ def test_parameters_as_upstream_spells_them() -> None:
     cost = PreciseParameters.model_validate(
         {"indexerConfig": {"kvBlockIndexConfig": {"costAwareMemoryConfig": {"size": "3MB"}}}}
     )
-    assert cost.index_size()[0] == 10_000
+    assert cost.index_size()[0] == 15_000
     assert parse_bytes("2GiB") == 2 * 1024**3 and parse_bytes("512 MB") == 512 * 10**6
 
 

@@ -31,6 +31,7 @@ class BlockIndex:
         self.pod_cache_size = pod_cache_size
         self._keys: OrderedDict[int, tuple[Entry, ...]] = OrderedDict()
         self._engine: OrderedDict[int, tuple[int, ...]] = OrderedDict()
+        self.tiers: set[str] = set()  # every tier ever added (scoring takes a fast path when all weigh 1)
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -43,6 +44,7 @@ class BlockIndex:
         return self._engine.get(engine_key)
 
     def add(self, request_keys: Iterable[int], entry: Entry) -> None:
+        self.tiers.add(entry[1])
         keys, cap = self._keys, self.pod_cache_size
         for key in request_keys:
             held = keys.pop(key, ())
@@ -106,6 +108,40 @@ class BlockIndex:
             for pod in {e[0] for e in held}:
                 out[pod] = out.get(pod, 0) + 1
         return out
+
+    def longest_prefix(
+        self,
+        keys: Sequence[int],
+        pods: Collection[str] | None = None,
+        weights: Mapping[str, float] = DEFAULT_TIER_WEIGHTS,
+    ) -> tuple[dict[str, float], dict[str, int]]:
+        """`longest_prefix_scores(self.lookup(keys, pods), weights)`, in one pass: when every tier in
+        the index weighs 1 (no offloading), a run's score is its length, found with set operations."""
+        if any(weights.get(t, 1.0) != 1.0 for t in self.tiers):
+            return longest_prefix_scores(self.lookup(keys, pods), weights)
+        index = self._keys
+        lengths: dict[str, int] = {}
+        active: set[str] | None = None
+        n = 0
+        for key in keys:
+            held = index.get(key)
+            if not held:
+                break
+            here = {e[0] for e in held}
+            if active is None:
+                active = here if pods is None else here.intersection(pods)
+            else:
+                kept = active.intersection(here)
+                if len(kept) != len(active):
+                    for pod in active - kept:
+                        lengths[pod] = n
+                    active = kept
+            if not active:
+                break
+            n += 1
+        for pod in active or ():
+            lengths[pod] = n
+        return {pod: float(k) for pod, k in lengths.items()}, lengths
 
     def lookup(self, keys: Sequence[int], pods: Collection[str] | None = None) -> list[tuple[Entry, ...]]:
         """The entries of each key of the longest run, from the first, that some endpoint of `pods`

@@ -28,7 +28,7 @@ unless the events have confirmed them by then.
 Deviations, on purpose: epick subscribes to every endpoint's publisher with `discoverPods`, whether
 or not the config wires this plugin to an `endpoint-notification-source` (epick's data layer always
 tracks endpoints); `costAwareMemoryConfig.size` bounds the in-memory index by its estimated bytes
-(about 300 per block key) instead of Ristretto's cost model; `redisConfig` (a shared index) is not
+(about 200 per block key) instead of Ristretto's cost model; `redisConfig` (a shared index) is not
 supported and is an error; `hashAlgorithm` is accepted, and keys are epick's own (epick.kvcache.keys).
 """
 
@@ -51,7 +51,6 @@ from epick.kvcache import (
     EventTracker,
     KVEventsSettings,
     TokenProcessor,
-    longest_prefix_scores,
 )
 from epick.plugins.duration import Duration
 from epick.plugins.prefix.producer import PREFILL_PROFILE, match_key
@@ -60,7 +59,7 @@ from epick.plugins.registry import Handle, ParameterError, Parameters, PluginSpe
 
 TYPE = "precise-prefix-cache-producer"
 TOKENS_TYPE = "token-producer"
-BYTES_PER_INDEX_KEY = 300  # measured: benchmarks/bench_precise.py
+BYTES_PER_INDEX_KEY = 200  # measured: benchmarks/bench_precise.py (186 MiB per million keys)
 
 
 class TokenProcessorParameters(Parameters):
@@ -266,7 +265,7 @@ class PrecisePrefixCacheProducer(NamedPlugin):
         weighted: dict[str, float] = {}
         runs: dict[str, int] = {}
         for keys in per_prompt:
-            scores, lengths = longest_prefix_scores(self.index.lookup(keys, ids.keys()), self.weights)
+            scores, lengths = self.index.longest_prefix(keys, ids.keys(), self.weights)
             for pod, s in scores.items():
                 weighted[pod] = weighted.get(pod, 0.0) + s
                 runs[pod] = runs.get(pod, 0) + lengths[pod]
