@@ -112,7 +112,7 @@ def endpoints(n: int) -> list[Endpoint]:
             8000,
             {},
             Metrics(waiting_queue_size=rng.randrange(8), kv_cache_usage_percent=rng.random()),
-        )  # fmt: skip
+        )
         for i in range(n)
     ]
 
@@ -202,7 +202,8 @@ def main() -> None:
 
     per_million = memory_per_million(blocks)
     console.print(
-        f"index memory: {per_million / 2**20:,.0f} MiB per million blocks (one endpoint each; measured on {blocks:,})"
+        f"index memory: {per_million / 2**20:,.0f} MiB per million blocks "
+        f"(one endpoint each; measured on {blocks:,})"
     )
 
 
