@@ -18,6 +18,7 @@ from epick.datalayer.datastore import EndpointSpec
 from epick.plugins.prefix.precise import PrecisePrefixCacheProducer
 from epick.proxy.server import ENDPOINT_HEADER, ProxyOptions
 from epick.sim.server import SimServer
+from epick.tokenization import load
 from tests.datalayer.pages import start_sim, stop_sim
 
 TOKENIZER = Path(__file__).resolve().parents[1] / "data" / "tokenizer"
@@ -152,7 +153,13 @@ async def test_two_replicas_route_a_prompt_to_the_engine_that_holds_it(
             ),
             "the system prompt's blocks on both replicas",
         )
-        served = []
+        # What the index says the holder has of the next prompt, before it is sent...
+        messages = [{"role": "user", "content": SYSTEM + "Another question?"}]
+        tokens = load(str(TOKENIZER)).encode_chat(messages)
+        keys = producers[0].processor.keys(tokens, MODEL)
+        predicted = producers[0].index.longest_prefix(keys)[1].get(pods[-1], 0) * 16
+        assert predicted >= 6 * 16
+        served, cached = [], []
         for service in services:
             body = {
                 "model": MODEL,
@@ -164,4 +171,7 @@ async def test_two_replicas_route_a_prompt_to_the_engine_that_holds_it(
             async with http.post(url, json=body) as r:
                 assert r.status == 200, await r.text()
                 served.append(r.headers[ENDPOINT_HEADER])
+                cached.append((await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"])
     assert served == [pods[-1], pods[-1]]
+    # ... is what the engine's own prefix cache reports it found for the first of them.
+    assert cached[0] == predicted

@@ -53,7 +53,7 @@ from epick.kvcache import (
     TokenProcessor,
 )
 from epick.plugins.duration import Duration
-from epick.plugins.prefix.producer import PREFILL_PROFILE, match_key
+from epick.plugins.prefix.producer import match_key, recording_targets
 from epick.plugins.prefix.scorer import PrefixMatch
 from epick.plugins.registry import Handle, ParameterError, Parameters, PluginSpec
 
@@ -285,13 +285,9 @@ class PrecisePrefixCacheProducer(NamedPlugin):
         if not self.speculative:
             return
         match = cycle_state.read(self.key, PrefixMatch)
-        primary = result.profile_results.get(result.primary_profile)
-        if match is None or not match.hashes or primary is None or not primary.targets:
+        targets = recording_targets(result)
+        if match is None or not match.hashes or not targets:
             return
-        targets = [primary.targets[0]]
-        prefill = result.profile_results.get(PREFILL_PROFILE)
-        if prefill is not None and prefill.targets and result.primary_profile != PREFILL_PROFILE:
-            targets.append(prefill.targets[0])
         expires = self.clock() + self.speculative_ttl
         keys = tuple(match.hashes)
         for target in targets:

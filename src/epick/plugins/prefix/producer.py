@@ -114,18 +114,26 @@ class ApproxPrefixCacheProducer(NamedPlugin):
         self, request: InferenceRequest, result: SchedulingResult, cycle_state: CycleState
     ) -> None:
         match = cycle_state.read(self.key, PrefixMatch)
-        primary = result.profile_results.get(result.primary_profile)
-        if match is None or not match.hashes or primary is None or not primary.targets:
+        if match is None or not match.hashes:
             return
-        targets = [primary.targets[0]]
-        prefill = result.profile_results.get(PREFILL_PROFILE)
-        if prefill is not None and prefill.targets and result.primary_profile != PREFILL_PROFILE:
-            targets.append(prefill.targets[0])
-        for target in targets:
+        for target in recording_targets(result):
             self.index.add(target.name, match.hashes)
 
     def endpoint_removed(self, name: str) -> None:
         self.index.remove_endpoint(name)
+
+
+def recording_targets(result: SchedulingResult) -> list[Endpoint]:
+    """Where a decision puts the prompt's blocks: the primary profile's first target, and the first
+    target of a profile named `prefill` (upstream's rule for both prefix producers)."""
+    primary = result.profile_results.get(result.primary_profile)
+    if primary is None or not primary.targets:
+        return []
+    targets = [primary.targets[0]]
+    prefill = result.profile_results.get(PREFILL_PROFILE)
+    if prefill is not None and prefill.targets and result.primary_profile != PREFILL_PROFILE:
+        targets.append(prefill.targets[0])
+    return targets
 
 
 def _factory(name: str, params: ApproxPrefixParameters, handle: Handle) -> ApproxPrefixCacheProducer:
