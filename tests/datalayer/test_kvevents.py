@@ -182,3 +182,35 @@ async def test_central_socket_takes_the_endpoint_from_the_topic(
     finally:
         await subscribers.stop()
         engine.close(linger=0)
+
+
+async def test_the_collector_reports_what_the_subscribers_counted(
+    context: zmq.asyncio.Context, unused_tcp_port: int
+) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from epick.datalayer.kvevents import KVEventsCollector
+
+    pub = context.socket(zmq.PUB)
+    pub.bind(f"tcp://127.0.0.1:{unused_tcp_port}")
+    datastore = Datastore()
+    datastore.upsert(EndpointSpec("pod-a", "127.0.0.1", 8000, {}))
+    sink = producer(podDiscoveryConfig={"socketPort": unused_tcp_port})
+    subscribers = KVEventSubscribers(datastore, context)
+    registry = CollectorRegistry()
+    registry.register(KVEventsCollector(subscribers))
+    await subscribers.start([sink])
+    try:
+        payload, _ = batch_for(TOKENS)
+        topic = b"kv@127.0.0.1:8000@m"
+        await until(lambda: held(sink) == 4, "seq 0", lambda: pub.send_multipart([topic, bytes(8), payload]))
+        pub.send_multipart([topic, (1).to_bytes(8, "big"), b"junk"])
+        await until(lambda: subscribers.stats.bad == 1, "the bad message")
+        text = generate_latest(registry).decode()
+        assert "llm_d_epp_kv_cache_events_active_subscribers 1.0" in text
+        labels = 'operation="decode",pod_identifier="127.0.0.1:8000"'
+        assert f"llm_d_epp_kv_cache_events_zmq_errors_total{{{labels}}} 1.0" in text
+        assert 'llm_d_epp_kv_cache_events_messages_received_total{pod_identifier="127.0.0.1:8000"}' in text
+    finally:
+        await subscribers.stop()
+        pub.close(linger=0)

@@ -188,3 +188,34 @@ def test_prefix_indexer_gauges() -> None:
     label = {"plugin": "prefix-cache-scorer/prefix-cache-scorer"}
     assert s.value("inference_extension_prefix_indexer_size", **label) > 0
     assert s.value("inference_extension_prefix_indexer_hit_ratio", **label) == pytest.approx(0.5)
+
+
+def test_precise_index_metrics_when_enabled() -> None:
+    from epick.framework import CycleState, TokenizedPrompt
+    from epick.kvcache import BlockStored, EventBatch
+    from epick.plugins.prefix.precise import PrecisePrefixCacheProducer
+    from tests.builders import make_endpoint, make_request
+
+    def config(enabled: bool) -> LoadedConfig:
+        flag = str(enabled).lower()
+        return load_config_text(
+            "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n"
+            "- type: precise-prefix-cache-producer\n"
+            f"  parameters: {{indexerConfig: {{kvBlockIndexConfig: {{enableMetrics: {flag}}}}}}}\n"
+        )
+
+    on, off = config(True), config(False)
+    producer = on.plugins["precise-prefix-cache-producer"]
+    assert isinstance(producer, PrecisePrefixCacheProducer)
+    tokens = tuple(range(32))
+    producer.tracker.apply("10.0.0.1:8000", "m", EventBatch(0, (BlockStored((1, 2), None, tokens, 16),), 0))
+    request = make_request("x")
+    request.body.set_tokenized(TokenizedPrompt((tokens,)))
+    producer.produce(request, CycleState(), [make_endpoint("a", address="10.0.0.1", port=8000)])
+    text = generate_latest(EppMetrics(POOL, Datastore(), lambda: on).registry).decode()
+    plugin = "precise-prefix-cache-producer/precise-prefix-cache-producer"
+    assert f'llm_d_epp_kv_cache_index_admissions_total{{plugin="{plugin}"}} 2.0' in text
+    assert "llm_d_epp_kv_cache_index_lookup_requests_total" in text and "lookup_hits_total" in text
+    assert "llm_d_epp_kv_cache_index_keys" in text
+    quiet = generate_latest(EppMetrics(POOL, Datastore(), lambda: off).registry).decode()
+    assert "llm_d_epp_kv_cache_index" not in quiet

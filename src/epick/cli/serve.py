@@ -25,7 +25,7 @@ from epick.datalayer.discovery.file import FileDiscoveryRunner
 from epick.datalayer.discovery.kubernetes import KubernetesDiscovery
 from epick.datalayer.discovery.static import DiscoveryError, load_endpoints_file, parse_endpoints_flag
 from epick.datalayer.health import EndpointHealth, OutlierPolicy
-from epick.datalayer.kvevents import KVEventSubscribers, sinks_of
+from epick.datalayer.kvevents import KVEventsCollector, KVEventSubscribers, sinks_of
 from epick.datalayer.models import ModelCatalog
 from epick.datalayer.objectives import Objective
 from epick.datalayer.objectives import priorities as objective_priorities
@@ -305,6 +305,7 @@ class Service:
         )
         self.catalog = ModelCatalog(self.datastore)
         self.kv_events = KVEventSubscribers(self.datastore)
+        self.metrics.registry.register(KVEventsCollector(self.kv_events))
         self.health = EndpointHealth(self.datastore, options.outliers)
         self._rewrite_rng = random.Random(options.seed)  # one stream of weighted picks across reloads
         self._file_rewrites = self._load_rewrites()

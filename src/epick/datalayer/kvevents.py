@@ -24,12 +24,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 import zmq.asyncio
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from epick.datalayer.datastore import Datastore, EndpointSpec
 from epick.kvcache import (
@@ -52,6 +54,14 @@ class SubscriberStats:
     gaps: int = 0
     replays: int = 0
     resets: int = 0  # endpoints dropped from the index after a gap or a restart
+    # Per endpoint ("central" for a bound socket's messages that name none).
+    received: dict[str, int] = field(default_factory=dict)
+    bad_by: dict[str, int] = field(default_factory=dict)
+    gaps_by: dict[str, int] = field(default_factory=dict)
+
+
+def _count(counts: dict[str, int], key: str) -> None:
+    counts[key] = counts.get(key, 0) + 1
 
 
 @dataclass(slots=True)
@@ -108,6 +118,11 @@ class KVEventSubscribers:
                 for spec in self.datastore.specs():
                     self._open_endpoint(sink, spec)
         self._where = {spec.name: spec.host_port for spec in self.datastore.specs()}
+
+    @property
+    def active(self) -> int:
+        """Sockets open."""
+        return len(self._central) + len(self._per_endpoint)
 
     def _central_matches(self, sinks: list[KVEventSink]) -> bool:
         return len(self._central) == sum(1 for s in sinks if s.kv_events.zmq_endpoint)
@@ -182,11 +197,13 @@ class KVEventSubscribers:
         while True:
             frames = await socket.recv_multipart()
             self.stats.messages += 1
+            _count(self.stats.received, pod or "central")
             replay: tuple[str, str, int] | None = None
             try:
                 replay = self._handle(frames, sink, pod, sources)
             except BadEventError as e:
                 self.stats.bad += 1
+                _count(self.stats.bad_by, pod or "central")
                 log.error("KV events from %s: %s; message skipped", pod or "the central socket", e)
             except Exception:  # an index bug must not stop the stream
                 self.stats.bad += 1
@@ -217,6 +234,7 @@ class KVEventSubscribers:
             sink.endpoint_left(source)
         elif last is not None and seq > last + 1:
             self.stats.gaps += 1
+            _count(self.stats.gaps_by, source)
             if sink.kv_events.replay_port > 0:
                 log.warning(
                     "KV events from %s: %d missed (%d after %d); asking for a replay",
@@ -291,3 +309,47 @@ def _host(address: str) -> str:
 def sinks_of(plugins: Iterable[Any]) -> list[KVEventSink]:
     """The plugins that keep a KV-block index fed by events."""
     return [p for p in plugins if isinstance(p, KVEventSink)]
+
+
+class KVEventsCollector(Collector):
+    """llm-d-router's KV-event metrics (pkg/kvcache/metrics), from the subscribers' and trackers'
+    counts at scrape time; `kv_cache_events_sequence_gaps_total` is epick's."""
+
+    def __init__(self, subscribers: KVEventSubscribers) -> None:
+        self.subscribers = subscribers
+
+    def collect(self) -> Iterator[Metric]:
+        subs = self.subscribers
+        if not subs.sinks:
+            return
+        stats = subs.stats
+        prefix = "llm_d_epp_kv_cache_events"
+        active = GaugeMetricFamily(f"{prefix}_active_subscribers", "ZMQ subscribers open.")
+        active.add_metric([], float(subs.active))
+        yield active
+        received = CounterMetricFamily(
+            f"{prefix}_messages_received", "KV-event messages received.", labels=["pod_identifier"]
+        )
+        for pod, n in stats.received.items():
+            received.add_metric([pod], float(n))
+        yield received
+        errors = CounterMetricFamily(
+            f"{prefix}_zmq_errors", "Messages that could not be read.", labels=["pod_identifier", "operation"]
+        )
+        for pod, n in stats.bad_by.items():
+            errors.add_metric([pod, "decode"], float(n))
+        yield errors
+        gaps = CounterMetricFamily(
+            f"{prefix}_sequence_gaps", "Sequence-number gaps (missed messages).", labels=["pod_identifier"]
+        )
+        for pod, n in stats.gaps_by.items():
+            gaps.add_metric([pod], float(n))
+        yield gaps
+        skipped = CounterMetricFamily(
+            f"{prefix}_stores_skipped", "BlockStored events not indexed.", labels=["cache_kind", "reason"]
+        )
+        parent = sum(s.tracker.stats.skipped_unknown_parent for s in subs.sinks)
+        partial = sum(s.tracker.stats.skipped_partial for s in subs.sinks)
+        skipped.add_metric(["", "unknown_parent"], float(parent))
+        skipped.add_metric(["", "partial_block"], float(partial))
+        yield skipped

@@ -32,6 +32,8 @@ class BlockIndex:
         self._keys: OrderedDict[int, tuple[Entry, ...]] = OrderedDict()
         self._engine: OrderedDict[int, tuple[int, ...]] = OrderedDict()
         self.tiers: set[str] = set()  # every tier ever added (scoring takes a fast path when all weigh 1)
+        self.admissions = 0  # entries added to a key (upstream's kv_cache_index_admissions_total)
+        self.evictions = 0  # entries dropped: removed, cleared, or pushed out by the bounds
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -50,12 +52,15 @@ class BlockIndex:
             held = keys.pop(key, ())
             if entry in held:
                 held = tuple(e for e in held if e != entry)
+            else:
+                self.admissions += 1
             held = (*held, entry)
             if len(held) > cap:
+                self.evictions += len(held) - cap
                 held = held[-cap:]
             keys[key] = held
         while len(keys) > self.size:
-            keys.popitem(last=False)
+            self.evictions += len(keys.popitem(last=False)[1])
 
     def map_engine(self, engine_key: int, request_keys: tuple[int, ...]) -> None:
         engine = self._engine
@@ -70,6 +75,7 @@ class BlockIndex:
         if held is None:
             return False
         rest = tuple(e for e in held if e != entry)
+        self.evictions += len(held) - len(rest)
         if rest:
             self._keys[request_key] = rest
             return True
@@ -95,6 +101,7 @@ class BlockIndex:
             if any(e[0] == pod for e in held):
                 dropped += 1
                 rest = tuple(e for e in held if e[0] != pod)
+                self.evictions += len(held) - len(rest)
                 if rest:
                     keys[key] = rest
                 else:

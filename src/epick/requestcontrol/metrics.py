@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from epick.config import LoadedConfig
@@ -15,6 +15,7 @@ from epick.flowcontrol import FlowItem, FlowObserver
 from epick.flowcontrol.registry import BandStats
 from epick.framework import InferenceRequest, Plugin, Usage
 from epick.framework.flowcontrol import FlowKey
+from epick.plugins.prefix.precise import PrecisePrefixCacheProducer
 from epick.plugins.prefix.scorer import PrefixCacheScorer
 from epick.requestcontrol.director import Observer
 
@@ -41,6 +42,7 @@ QUEUE_BUCKETS = (
     30.0,
     60.0,
 )
+LLMD_SUBSYSTEM = "llm_d_epp"  # llm-d-router's EPP metrics subsystem
 CYCLE_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 
 
@@ -85,6 +87,50 @@ class _PoolState(Collector):
                 ratio.add_metric([str(plugin.typed_name)], plugin.hit_ratio)
         yield size
         yield ratio
+        yield from _precise_index(self.config())
+
+
+def _precise_index(config: LoadedConfig) -> Iterator[Metric]:
+    """llm-d's KV-block index metrics (llm-d/llm-d-router pkg/kvcache/metrics), for the precise
+    producers whose `kvBlockIndexConfig.enableMetrics` is on; and the index's size in keys."""
+    producers = [
+        p for p in config.plugins.values() if isinstance(p, PrecisePrefixCacheProducer) and p.enable_metrics
+    ]
+    if not producers:
+        return
+    families: list[tuple[str, str, Callable[[PrecisePrefixCacheProducer], int]]] = [
+        ("kv_cache_index_admissions", "Total number of KV-block admissions", _admissions),
+        ("kv_cache_index_evictions", "Total number of KV-block evictions", _evictions),
+        ("kv_cache_index_lookup_requests", "Total number of lookup calls", _lookups),
+        ("kv_cache_index_lookup_hits", "Contiguous prefix blocks matched by the best pod per lookup", _hits),
+    ]
+    for name, doc, value in families:
+        counter = CounterMetricFamily(f"{LLMD_SUBSYSTEM}_{name}", doc, labels=["plugin"])
+        for p in producers:
+            counter.add_metric([str(p.typed_name)], float(value(p)))
+        yield counter
+    keys = GaugeMetricFamily(
+        f"{LLMD_SUBSYSTEM}_kv_cache_index_keys", "Block keys in the index.", labels=["plugin"]
+    )
+    for p in producers:
+        keys.add_metric([str(p.typed_name)], float(len(p.index)))
+    yield keys
+
+
+def _admissions(p: PrecisePrefixCacheProducer) -> int:
+    return p.index.admissions
+
+
+def _evictions(p: PrecisePrefixCacheProducer) -> int:
+    return p.index.evictions
+
+
+def _lookups(p: PrecisePrefixCacheProducer) -> int:
+    return p.lookups
+
+
+def _hits(p: PrecisePrefixCacheProducer) -> int:
+    return p.lookup_hits
 
 
 class EppMetrics(Observer):

@@ -221,6 +221,9 @@ class PrecisePrefixCacheProducer(NamedPlugin):
         self.speculative = params.speculative_indexing
         self.speculative_ttl = params.speculative_ttl
         self.clock: Callable[[], float] = time.monotonic
+        self.enable_metrics = params.indexer_config.kv_block_index_config.enable_metrics
+        self.lookups = 0  # lookups made (upstream's kv_cache_index_lookup_requests_total)
+        self.lookup_hits = 0  # blocks of the best candidate's run, summed over lookups
         self._speculative: deque[tuple[float, tuple[int, ...], str]] = deque()
 
     # KVEventSink: what the data layer subscribes to and feeds.
@@ -266,6 +269,8 @@ class PrecisePrefixCacheProducer(NamedPlugin):
         runs: dict[str, int] = {}
         for keys in per_prompt:
             scores, lengths = self.index.longest_prefix(keys, ids.keys(), self.weights)
+            self.lookups += 1
+            self.lookup_hits += max(lengths.values(), default=0)
             for pod, s in scores.items():
                 weighted[pod] = weighted.get(pod, 0.0) + s
                 runs[pod] = runs.get(pod, 0) + lengths[pod]
