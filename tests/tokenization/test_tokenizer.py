@@ -125,3 +125,20 @@ def test_bad_files_are_named(tmp_path: Path) -> None:
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(ValueError, match="not a tokenizers file"):
         Tokenizer.from_file(tmp_path / "tokenizer.json")
+
+
+def test_a_model_name_is_found_in_the_local_hugging_face_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The hub cache layout: models--<org>--<name>/snapshots/<revision>/..., refs/main naming the revision.
+    repo = tmp_path / "models--acme--tiny-model"
+    snapshot = repo / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "tokenizer.json").write_bytes((DATA / "tokenizer.json").read_bytes())
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    assert locate("acme/tiny-model") == snapshot / "tokenizer.json"
