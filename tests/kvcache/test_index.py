@@ -160,3 +160,36 @@ def test_the_one_pass_scoring_equals_the_two_step_one(offloaded: bool) -> None:
             index.add(keys[: held + 3], (pod, "cpu"))
     for pods in (None, {"a", "c", "e"}):
         assert index.longest_prefix(keys, pods) == longest_prefix_scores(index.lookup(keys, pods))
+
+
+@pytest.mark.parametrize("split", [2048, 2064, 3008, 4000, 5984])
+def test_a_prompt_stored_in_chunks_that_end_mid_block_is_indexed_whole(split: int) -> None:
+    """Chunked prefill: an engine with blocks of 16 stores a 6,000-token prompt in two events split
+    where the index (blocks of 64) has no boundary; the second continues the first's tail."""
+    import random
+
+    rng = random.Random(0)
+    prompt = tuple(rng.randrange(65536) for _ in range(6000))
+    tracker = EventTracker(BlockIndex(), TokenProcessor(64))
+    hashes = [1000 + j for j in range(len(prompt) // 16)]
+    s = split // 16
+    first = BlockStored(tuple(hashes[:s]), None, prompt[: s * 16], 16)
+    second = BlockStored(tuple(hashes[s:]), hashes[s - 1], prompt[s * 16 : len(hashes) * 16], 16)
+    tracker.apply(A, "m", batch(first))
+    tracker.apply(A, "m", batch(second))
+    assert scores(tracker, list(prompt)) == {A: 93.0}
+    assert tracker.stats.skipped_unknown_parent == 0
+
+
+def test_decode_steps_of_one_engine_block_fill_index_blocks() -> None:
+    tracker = EventTracker(BlockIndex(), TokenProcessor(64))
+    tokens = tuple(range(5000, 5256))  # 16 engine blocks of 16: 4 index blocks
+    parent = None
+    for j in range(16):
+        event = BlockStored((j + 1,), parent, tokens[j * 16 : (j + 1) * 16], 16)
+        tracker.apply(A, "m", batch(event))
+        parent = j + 1
+    assert scores(tracker, list(tokens)) == {A: 4.0}
+    # Evicting the last engine block takes the index block it completed.
+    tracker.apply(A, "m", batch(BlockRemoved((16,), "GPU")))
+    assert scores(tracker, list(tokens)) == {A: 3.0}
