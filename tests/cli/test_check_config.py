@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -180,3 +181,14 @@ def test_console_script(tmp_path: Path) -> None:
     assert f"{CONFIGS / 'pd.yaml'}: ok" in done.stdout
     assert "  profile prefill: filters [prefill-filter/prefill-filter]" in done.stdout
     assert f"{bad}: plugins[0].type: unknown plugin type 'nope'" in done.stderr
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`epick check-config FILE | head -1`: the pipe closes while epick still prints."""
+
+    class ClosedPipe(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert main(["check-config", str(CONFIGS / "default.yaml")]) == 0

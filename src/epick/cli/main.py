@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -204,9 +205,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Discard(io.TextIOBase):
+    """A stdout that drops what it is given."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader left (`epick check-config ... | head -1`): what is left to print goes nowhere,
+        # and Python's exit-time flush must not raise again.
+        sys.stdout = _Discard()
+        return EXIT_OK
     return code
 
 
