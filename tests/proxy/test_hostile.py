@@ -172,3 +172,25 @@ async def test_the_tail_of_an_unread_body_does_not_start_a_head_deadline(make_se
     finally:
         writer.close()
         await writer.wait_closed()
+
+
+async def test_a_request_waiting_unread_when_the_loop_stalled_is_served_not_timed_out(
+    make_service: MakeService,
+) -> None:
+    """The head deadline fires late when the event loop stalls (a GC pause, a busy machine); a
+    request already waiting in the socket then is the server's lateness, not a slow client's."""
+    import time
+
+    service = await make_service([], wait=False, head_timeout=0.2)
+    assert service.proxy is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", service.proxy.port)
+    try:
+        await asyncio.sleep(0)  # the server has taken the connection: its head deadline runs
+        time.sleep(0.3)  # the loop stalls past the deadline (a blocking stall, injected)
+        await asyncio.sleep(0)  # this step and the deadline's callback now run in the same turn
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 400"), head  # answered (no model), not 408 or reset
+    finally:
+        writer.close()
+        await writer.wait_closed()

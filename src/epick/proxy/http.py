@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any, cast
@@ -126,6 +127,11 @@ class _GuardedHandler(RequestHandler):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
+        if _unread(transport):
+            # Bytes wait in the socket that the event loop has not read yet: the server is late (a
+            # stalled loop), not the client. Reading them will disarm the deadline; until then, arm it.
+            self._arm()
+            return
         peer = transport.get_extra_info("peername")
         log.warning("closing a connection from %s: no complete request head in %gs", peer, self.head_timeout)
         message = f"no complete request head within {self.head_timeout:g}s"
@@ -151,6 +157,21 @@ class _GuardedHandler(RequestHandler):
         )
         response.force_close()
         return response
+
+
+def _unread(transport: asyncio.BaseTransport) -> bool:
+    """Whether the connection's socket holds bytes not read yet."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return False
+    try:
+        # asyncio's TransportSocket has no recv: peek through a duplicate descriptor.
+        with socket.fromfd(sock.fileno(), sock.family, sock.type) as dup:
+            return bool(dup.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return False
 
 
 def _raw_error(status: int, message: str, code: str) -> bytes:
