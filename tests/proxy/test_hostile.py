@@ -194,3 +194,25 @@ async def test_a_request_waiting_unread_when_the_loop_stalled_is_served_not_time
     finally:
         writer.close()
         await writer.wait_closed()
+
+
+async def test_a_request_waiting_unread_past_the_keepalive_timeout_is_served(
+    make_service: MakeService,
+) -> None:
+    """aiohttp closes a connection that sent nothing within the keep-alive timeout; a request that
+    arrived during an event-loop stall and waits unread is not such a connection."""
+    import time
+
+    service = await make_service([], wait=False, keepalive_timeout=0.2)
+    assert service.proxy is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", service.proxy.port)
+    try:
+        await asyncio.sleep(0)
+        time.sleep(0.3)  # the loop stalls past the keep-alive timeout (a blocking stall, injected)
+        await asyncio.sleep(0)
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 400"), head
+    finally:
+        writer.close()
+        await writer.wait_closed()

@@ -114,6 +114,17 @@ class _GuardedHandler(RequestHandler):
         self._disarm()
         super().connection_lost(exc)
 
+    def _process_keepalive(self) -> None:
+        """aiohttp's idle timeout (also armed when a connection opens), except that a request waiting
+        unread in the socket (the event loop stalled) is no idle connection: the timer is re-armed."""
+        transport = self.transport
+        if transport is not None and not transport.is_closing() and _unread(transport):
+            self._keepalive_handle = asyncio.get_running_loop().call_later(
+                self._keepalive_timeout, self._process_keepalive
+            )
+            return
+        super()._process_keepalive()
+
     def _arm(self) -> None:
         self._head_deadline = asyncio.get_running_loop().call_later(self.head_timeout, self._too_slow)
 
