@@ -25,8 +25,8 @@ from epick.cli.inputs import (
 from epick.cli.kv_events import KVEventsFileError, read_kv_events, record, replay
 from epick.config import ConfigError, LoadedConfig, load_config, load_config_file
 from epick.config.entrypoints import default_registry
+from epick.datalayer.kvevents import sinks_of
 from epick.framework import InferenceRequest
-from epick.kvcache import KVEventSink
 from epick.requestcontrol.tokenize import RemoteTokenization
 
 EXIT_OK = 0
@@ -69,7 +69,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     except (InputError, KVEventsFileError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    sinks = [p for p in config.plugins.values() if isinstance(p, KVEventSink)]
+    sinks = sinks_of(config.plugins.values())
     if events and not sinks:
         print(
             "warning: --kv-events given, but no plugin of this config keeps a KV-block index", file=sys.stderr

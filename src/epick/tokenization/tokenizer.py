@@ -19,7 +19,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as _Backend
 
-from epick.tokenization.chat import ChatTemplate, ChatTemplateError
+from epick.tokenization.chat import ChatTemplate, ChatTemplateError, compile_template
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
@@ -129,7 +129,7 @@ class Tokenizer:
         if self._template is None:
             if self._template_source is None:
                 raise ChatTemplateError(f"tokenizer {self.name}: no chat template in its {CONFIG_FILE}")
-            self._template = ChatTemplate(self._template_source)
+            self._template = compile_template(self._template_source)
         return self._template
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
@@ -145,7 +145,7 @@ class Tokenizer:
         chat_template: str | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
-        template = ChatTemplate(chat_template) if chat_template else self.chat_template
+        template = compile_template(chat_template) if chat_template else self.chat_template
         return template.render(
             messages,
             add_generation_prompt=add_generation_prompt,
