@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -62,9 +63,18 @@ def producer(**events: Any) -> PrecisePrefixCacheProducer:
     return PrecisePrefixCacheProducer(params=PreciseParameters.model_validate({"kvEventsConfig": events}))
 
 
-async def test_per_endpoint_socket_applies_events_and_follows_discovery(
-    context: zmq.asyncio.Context, unused_tcp_port: int
-) -> None:
+@dataclass
+class Engine:
+    """One endpoint (pod-a, 127.0.0.1:8000) whose engine publishes on `pub`, subscribed to."""
+
+    pub: zmq.asyncio.Socket
+    datastore: Datastore
+    sink: PrecisePrefixCacheProducer
+    subscribers: KVEventSubscribers
+
+
+@pytest.fixture
+async def engine(context: zmq.asyncio.Context, unused_tcp_port: int) -> AsyncIterator[Engine]:
     pub = context.socket(zmq.PUB)
     pub.bind(f"tcp://127.0.0.1:{unused_tcp_port}")
     datastore = Datastore()
@@ -72,54 +82,45 @@ async def test_per_endpoint_socket_applies_events_and_follows_discovery(
     sink = producer(discoverPods=True, podDiscoveryConfig={"socketPort": unused_tcp_port})
     subscribers = KVEventSubscribers(datastore, context)
     await subscribers.start([sink])
-    try:
-        payload, _ = batch_for(TOKENS)
-        topic = b"kv@somewhere-else:1@m"  # per endpoint, the endpoint is who it is, whatever the topic
-        await until(
-            lambda: held(sink) == 4, "the first batch", lambda: pub.send_multipart([topic, bytes(8), payload])
-        )
-        assert sink.tracker.stats.stored >= 1 and subscribers.stats.gaps == 0
-        # The endpoint leaves: its blocks leave the index, and its socket closes.
-        datastore.remove("pod-a")
-        assert held(sink) == 0 and not subscribers._per_endpoint
-    finally:
-        await subscribers.stop()
-        pub.close(linger=0)
+    yield Engine(pub, datastore, sink, subscribers)
+    await subscribers.stop()
+    pub.close(linger=0)
 
 
-async def test_gap_without_replay_drops_the_endpoint_and_restart_too(
-    context: zmq.asyncio.Context, unused_tcp_port: int
-) -> None:
-    pub = context.socket(zmq.PUB)
-    pub.bind(f"tcp://127.0.0.1:{unused_tcp_port}")
-    datastore = Datastore()
-    datastore.upsert(EndpointSpec("pod-a", "127.0.0.1", 8000, {}))
-    sink = producer(podDiscoveryConfig={"socketPort": unused_tcp_port})
-    subscribers = KVEventSubscribers(datastore, context)
-    await subscribers.start([sink])
-    try:
-        first, _ = batch_for(TOKENS)
-        topic = b"kv@127.0.0.1:8000@m"
-        await until(lambda: held(sink) == 4, "seq 0", lambda: pub.send_multipart([topic, bytes(8), first]))
-        other = tuple(range(900, 932))
-        later, _ = batch_for(other)
-        pub.send_multipart([topic, (5).to_bytes(8, "big"), later])  # 1..4 missed
-        await until(lambda: subscribers.stats.gaps == 1, "the gap")
-        assert held(sink) == 0 and held(sink, other) == 2  # what was known is dropped; the new batch applied
-        assert subscribers.stats.resets == 1
-        pub.send_multipart([topic, (2).to_bytes(8, "big"), first])  # back in time: the engine restarted
-        await until(lambda: subscribers.stats.resets == 2, "the restart")
-        assert held(sink) == 4 and held(sink, other) == 0
-        # Garbage is counted and skipped; the stream goes on.
-        pub.send_multipart([topic, b"\x00", b"junk"])
-        pub.send_multipart([topic, (3).to_bytes(8, "big"), b"\xc1"])
-        pub.send_multipart([b"kv@x@m", b"only two frames"])
-        await until(lambda: subscribers.stats.bad == 3, "the bad messages")
-        pub.send_multipart([topic, (3).to_bytes(8, "big"), later])
-        await until(lambda: held(sink, other) == 2, "a good message after the bad ones")
-    finally:
-        await subscribers.stop()
-        pub.close(linger=0)
+async def test_per_endpoint_socket_applies_events_and_follows_discovery(engine: Engine) -> None:
+    pub, datastore, sink, subscribers = engine.pub, engine.datastore, engine.sink, engine.subscribers
+    payload, _ = batch_for(TOKENS)
+    topic = b"kv@somewhere-else:1@m"  # per endpoint, the endpoint is who it is, whatever the topic
+    await until(
+        lambda: held(sink) == 4, "the first batch", lambda: pub.send_multipart([topic, bytes(8), payload])
+    )
+    assert sink.tracker.stats.stored >= 1 and subscribers.stats.gaps == 0
+    # The endpoint leaves: its blocks leave the index, and its socket closes.
+    datastore.remove("pod-a")
+    assert held(sink) == 0 and not subscribers._per_endpoint
+
+
+async def test_gap_without_replay_drops_the_endpoint_and_restart_too(engine: Engine) -> None:
+    pub, sink, subscribers = engine.pub, engine.sink, engine.subscribers
+    first, _ = batch_for(TOKENS)
+    topic = b"kv@127.0.0.1:8000@m"
+    await until(lambda: held(sink) == 4, "seq 0", lambda: pub.send_multipart([topic, bytes(8), first]))
+    other = tuple(range(900, 932))
+    later, _ = batch_for(other)
+    pub.send_multipart([topic, (5).to_bytes(8, "big"), later])  # 1..4 missed
+    await until(lambda: subscribers.stats.gaps == 1, "the gap")
+    assert held(sink) == 0 and held(sink, other) == 2  # what was known is dropped; the new batch applied
+    assert subscribers.stats.resets == 1
+    pub.send_multipart([topic, (2).to_bytes(8, "big"), first])  # back in time: the engine restarted
+    await until(lambda: subscribers.stats.resets == 2, "the restart")
+    assert held(sink) == 4 and held(sink, other) == 0
+    # Garbage is counted and skipped; the stream goes on.
+    pub.send_multipart([topic, b"\x00", b"junk"])
+    pub.send_multipart([topic, (3).to_bytes(8, "big"), b"\xc1"])
+    pub.send_multipart([b"kv@x@m", b"only two frames"])
+    await until(lambda: subscribers.stats.bad == 3, "the bad messages")
+    pub.send_multipart([topic, (3).to_bytes(8, "big"), later])
+    await until(lambda: held(sink, other) == 2, "a good message after the bad ones")
 
 
 async def test_gap_with_a_replay_socket_is_filled(
@@ -184,33 +185,21 @@ async def test_central_socket_takes_the_endpoint_from_the_topic(
         engine.close(linger=0)
 
 
-async def test_the_collector_reports_what_the_subscribers_counted(
-    context: zmq.asyncio.Context, unused_tcp_port: int
-) -> None:
+async def test_the_collector_reports_what_the_subscribers_counted(engine: Engine) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
     from epick.datalayer.kvevents import KVEventsCollector
 
-    pub = context.socket(zmq.PUB)
-    pub.bind(f"tcp://127.0.0.1:{unused_tcp_port}")
-    datastore = Datastore()
-    datastore.upsert(EndpointSpec("pod-a", "127.0.0.1", 8000, {}))
-    sink = producer(podDiscoveryConfig={"socketPort": unused_tcp_port})
-    subscribers = KVEventSubscribers(datastore, context)
+    pub, sink, subscribers = engine.pub, engine.sink, engine.subscribers
     registry = CollectorRegistry()
     registry.register(KVEventsCollector(subscribers))
-    await subscribers.start([sink])
-    try:
-        payload, _ = batch_for(TOKENS)
-        topic = b"kv@127.0.0.1:8000@m"
-        await until(lambda: held(sink) == 4, "seq 0", lambda: pub.send_multipart([topic, bytes(8), payload]))
-        pub.send_multipart([topic, (1).to_bytes(8, "big"), b"junk"])
-        await until(lambda: subscribers.stats.bad == 1, "the bad message")
-        text = generate_latest(registry).decode()
-        assert "llm_d_epp_kv_cache_events_active_subscribers 1.0" in text
-        labels = 'operation="decode",pod_identifier="127.0.0.1:8000"'
-        assert f"llm_d_epp_kv_cache_events_zmq_errors_total{{{labels}}} 1.0" in text
-        assert 'llm_d_epp_kv_cache_events_messages_received_total{pod_identifier="127.0.0.1:8000"}' in text
-    finally:
-        await subscribers.stop()
-        pub.close(linger=0)
+    payload, _ = batch_for(TOKENS)
+    topic = b"kv@127.0.0.1:8000@m"
+    await until(lambda: held(sink) == 4, "seq 0", lambda: pub.send_multipart([topic, bytes(8), payload]))
+    pub.send_multipart([topic, (1).to_bytes(8, "big"), b"junk"])
+    await until(lambda: subscribers.stats.bad == 1, "the bad message")
+    text = generate_latest(registry).decode()
+    assert "llm_d_epp_kv_cache_events_active_subscribers 1.0" in text
+    labels = 'operation="decode",pod_identifier="127.0.0.1:8000"'
+    assert f"llm_d_epp_kv_cache_events_zmq_errors_total{{{labels}}} 1.0" in text
+    assert 'llm_d_epp_kv_cache_events_messages_received_total{pod_identifier="127.0.0.1:8000"}' in text
