@@ -24,7 +24,7 @@ from epick.sim.options import ServerOptions
 from epick.simulate.epick_policy import EpickPolicy
 from epick.simulate.fleet import Arrivals, ClosedLoop, Fleet, Poisson
 from epick.simulate.report import SLO, summarize
-from epick.simulate.types import Policy
+from epick.simulate.types import Churn, Policy
 from epick.simulate.workloads import WORKLOADS, Trace, Workload, WorkloadError, build_workload
 
 # Policies that are epick configs (the same files ship under config/; a test keeps them equal).
@@ -337,6 +337,22 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=0.0,
         help="seconds from an engine's KV event to a precise index hearing it (default 0)",
     )
+    p.add_argument(
+        "--restart-every",
+        type=positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="pod churn: every SECONDS of virtual time the next server in turn restarts, its requests "
+        "failed and its KV cache lost",
+    )
+    p.add_argument(
+        "--restart-downtime",
+        type=_number(float, 0.0, "a duration in seconds"),
+        default=0.0,
+        metavar="SECONDS",
+        help="how long a restarted server is out of the pool (default 0: it restarts in place, "
+        "unnoticed by discovery; only KV events tell)",
+    )
     p.add_argument("--json", help="write every run's figures to this file")
     p.add_argument("--plot", help="draw latency and throughput against load to this PNG")
     p.set_defaults(func=run)
@@ -357,6 +373,8 @@ def _prepare(args: argparse.Namespace) -> tuple[Workload, list[tuple[str, Policy
             "--qps and --qps-sweep do not apply to a trace: its lines carry their arrival times "
             "(--concurrency may cap the requests in flight)"
         )
+    if args.restart_downtime and args.restart_every is None:
+        raise UsageError("--restart-downtime needs --restart-every (how often a server restarts)")
     _check_output(args.json, "--json")
     _check_output(args.plot, "--plot", ".png")
     return workload, policies
@@ -380,6 +398,7 @@ def run(args: argparse.Namespace) -> int:
     )
     engine = dataclasses.replace(engine, cache_output_blocks=workload.reuses_outputs)
     slo = SLO(args.slo_ttft, args.slo_tpot)
+    churn = Churn(args.restart_every, args.restart_downtime) if args.restart_every is not None else None
     console = Console(stderr=True)
     runs: list[dict[str, Any]] = []
     output_plan = workload.output_plan
@@ -411,6 +430,7 @@ def run(args: argparse.Namespace) -> int:
                     progress=_advance(progress, task),
                     roles=roles,
                     kv_event_delay=args.kv_event_delay,
+                    churn=churn,
                 )
                 started = time.perf_counter()
                 try:

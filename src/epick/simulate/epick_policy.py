@@ -11,6 +11,10 @@ the pool has no room for is held (`HELD`), dispatched by the fleet's calls to `d
 arrival and completion, and every dispatch interval while requests wait, as the service's ticker),
 and refused once its queue-wait budget runs out. Its tenant is its fairness id, its priority its
 objective's.
+
+When a server restarts and leaves the pool (`Churn` with a downtime), the plugins hear it as the
+service tells them when discovery removes an endpoint: `endpoint_removed` (the approximate prefix
+index forgets it) and, for a KV-block index, `endpoint_left` (its blocks are dropped).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from epick.framework import (
     ROLE_LABEL,
     CycleState,
     Endpoint,
+    EndpointRemoved,
     InferenceRequest,
     Metrics,
     Reads,
@@ -50,6 +55,7 @@ class EpickPolicy:
         self._endpoints = Snapshot((), 0)
         self._servers: dict[str, int] = {}  # endpoint name -> server index
         self._snapshot_key: tuple[object, ...] = ()
+        self._membership = 0  # changes each time a server leaves or joins the pool
         self._requests: dict[str, tuple[InferenceRequest, Endpoint]] = {}
         self._prefill: int | None = None  # the prefill server of the request routed last
         self._session_headers: dict[str, dict[str, str]] = {}  # per session: from its last response
@@ -72,12 +78,13 @@ class EpickPolicy:
 
     def _candidates(self, servers: Sequence[ServerView]) -> Snapshot:
         if not self.reads_metrics:
-            key: tuple[object, ...] = (len(servers),)  # metrics nobody reads need no refresh
+            key: tuple[object, ...] = (len(servers), self._membership)  # unread metrics: no refresh
         elif servers and servers[0].epoch:
-            key = (servers[0].epoch, len(servers))  # the fleet says when they change
+            key = (servers[0].epoch, len(servers), self._membership)  # the fleet says when they change
         else:
             key = tuple(
-                (v.waiting, v.running, v.kv_usage, v.active_models, v.waiting_models) for v in servers
+                (v.index, v.waiting, v.running, v.kv_usage, v.active_models, v.waiting_models)
+                for v in servers
             )
         if key != self._snapshot_key or len(self._endpoints) != len(servers):
             self._snapshot_key = key
@@ -131,6 +138,21 @@ class EpickPolicy:
         pod = f"s{server}:0"  # the endpoint's "address:port" (a simulated server: its name, port 0)
         for sink in self.sinks:
             sink.tracker.apply(pod, BASE_MODEL, batch)
+
+    # MembershipAware: a server left the pool, or came back.
+    def server_left(self, server: int, now: float) -> None:
+        self._now = now
+        self._membership += 1
+        name = f"s{server}"
+        for plugin in self.config.plugins.values():
+            if isinstance(plugin, EndpointRemoved):
+                plugin.endpoint_removed(name)
+        for sink in self.sinks:
+            sink.endpoint_left(f"{name}:0")
+
+    def server_joined(self, server: int, now: float) -> None:
+        self._now = now
+        self._membership += 1
 
     def route(self, request: SimRequestSpec, servers: Sequence[ServerView], now: float) -> int:
         self._prefill = None

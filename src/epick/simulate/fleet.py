@@ -19,6 +19,11 @@ A policy with flow control (`Queueing`) may hold a request (`route` answers `HEL
 asks it to `dispatch` after every arrival and completion, and at the wakeups it asks for (its
 dispatch ticks and expiry deadlines, in virtual time). A held request's TTFT counts its wait.
 
+Servers may restart (`churn`): every so often the next server in turn loses its requests (they
+fail) and its KV cache; it either leaves the pool for a downtime, the policy told when it leaves and
+when it returns, or restarts in place unnoticed (see `Churn`). Restarts stop when nothing else is
+left to happen.
+
 Engines are `CohortEngine`s (decode steps in runs); `stepped=True` uses `SteppedEngine`, one event
 per step, the reference the fast one is tested against.
 """
@@ -35,6 +40,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from epick.sim import engine as sim_engine
 from epick.sim.engine import EngineConfig, SimRequest
 from epick.sim.engine.cohort import CohortEngine
 from epick.sim.engine.kv_cache import chain_hashes
@@ -42,8 +48,10 @@ from epick.sim.engine.timed import SteppedEngine
 from epick.simulate.types import (
     BASE_MODEL,
     HELD,
+    Churn,
     Disaggregating,
     KVEventConsumer,
+    MembershipAware,
     Policy,
     Queueing,
     RefusedError,
@@ -51,7 +59,8 @@ from epick.simulate.types import (
     SimRequestSpec,
 )
 
-_ARRIVE, _ENGINE, _DISPATCH, _KV_EVENTS = 0, 1, 2, 3
+_ARRIVE, _ENGINE, _DISPATCH, _KV_EVENTS, _RESTART, _RETURN = 0, 1, 2, 3, 4, 5
+_BACKGROUND = (_KV_EVENTS, _RESTART, _RETURN)  # events that do not keep a run going on their own
 _PREFILL = "#prefill"  # suffix of the id of a request's prefill part
 _EVENTS_PER_COLLECTION = 100_000
 
@@ -96,12 +105,13 @@ class FleetResult:
     servers: int
     requests_per_server: list[int] = field(default_factory=list)
     roles: list[str | None] = field(default_factory=list)  # per server, when the fleet has roles
+    restarts: int = 0  # servers restarted during the run (`Churn`)
 
 
 OutputPlan = Callable[[SimRequestSpec], Sequence[int]]
 
 
-_EventData = SimRequestSpec | tuple[int, int] | int | tuple[int, list[Any]]
+_EventData = SimRequestSpec | tuple[int, int] | int | tuple[int, int, list[Any]]
 
 
 class Fleet:
@@ -118,6 +128,7 @@ class Fleet:
         stepped: bool = False,
         roles: Sequence[str | None] | None = None,
         kv_event_delay: float = 0.0,
+        churn: Churn | None = None,
     ) -> None:
         self.progress = progress
         consumer = policy if isinstance(policy, KVEventConsumer) and policy.consumes_kv_events else None
@@ -128,8 +139,8 @@ class Fleet:
         if engine.kv_events != (consumer is not None):
             # Events cost time: recorded only for a policy that hears them.
             engine = dataclasses.replace(engine, kv_events=consumer is not None)
-        kind = SteppedEngine if stepped else CohortEngine
-        self.engines: list[SteppedEngine | CohortEngine] = [kind(engine) for _ in range(servers)]
+        self._engine_kind = SteppedEngine if stepped else CohortEngine
+        self.engines: list[SteppedEngine | CohortEngine] = [self._engine_kind(engine) for _ in range(servers)]
         self.policy = policy
         self.scrape_interval = scrape_interval
         self.output_plan = output_plan
@@ -151,6 +162,14 @@ class Fleet:
             )
             for i in range(servers)
         ]
+        self.churn = churn
+        self._membership = policy if isinstance(policy, MembershipAware) else None
+        self._up = list(self.views)  # the servers in the pool, as routing sees them
+        self._restarts = 0
+        self._generation = [0] * servers  # engines each server has had before its current one
+        self._restarted_unnoticed: set[int] = set()  # restarted in place, no KV event heard since
+        self._earlier_busy = [0.0] * servers  # busy time of each server's earlier engines
+        self._earlier_prefix = [0, 0]  # prefix lookups and hits of engines replaced by restarts
         self._disaggregating = policy if isinstance(policy, Disaggregating) else None
         self._queueing = policy if isinstance(policy, Queueing) else None
         self._held: dict[str, SimRequestSpec] = {}  # requests the policy holds
@@ -248,7 +267,9 @@ class Fleet:
         if self.policy.reads_metrics:
             self._scrape(now)
         try:
-            server = self.policy.route(spec, self.views, now)
+            if not self._up and self._queueing is None:
+                raise RefusedError("no server is up")  # every server restarting at once
+            server = self.policy.route(spec, self._up, now)
         except RefusedError as e:
             record = RequestRecord(
                 spec.request_id,
@@ -312,7 +333,7 @@ class Fleet:
             return
         if self.policy.reads_metrics:
             self._scrape(now)
-        for spec, outcome in self._queueing.dispatch(self.views, now):
+        for spec, outcome in self._queueing.dispatch(self._up, now):
             self._held.pop(spec.request_id, None)
             record = self._records[spec.request_id]
             if isinstance(outcome, RefusedError):
@@ -366,6 +387,8 @@ class Fleet:
         for req in finished:
             view.in_flight -= 1
             prefilled = self._prefilling.pop(req.request_id, None)
+            if prefilled is None and req.request_id.endswith(_PREFILL):
+                continue  # the prefill of a request whose decode server restarted meanwhile
             if prefilled is not None:
                 spec, decode = prefilled
                 record = self._records[spec.request_id]
@@ -407,6 +430,8 @@ class Fleet:
             if arrivals.concurrency < 1:
                 raise ValueError("--concurrency must be at least 1")
             self._refill(0.0)
+        if self.churn is not None:
+            self._push(self.churn.interval, _RESTART, 0)
         # The run builds millions of long-lived objects (records, specs, prompts) and no reference
         # cycles; the cyclic collector's automatic passes rescan them again and again (a third of the
         # run's time). It is paused, and young objects are collected every so many events instead:
@@ -439,13 +464,13 @@ class Fleet:
         while events:
             clock, _, kind, data = heapq.heappop(events)
             self._now = clock
-            if kind != _KV_EVENTS:
+            if kind not in _BACKGROUND:
                 end = clock
             handled += 1
             if handled % _EVENTS_PER_COLLECTION == 0:
                 gc.collect(0)
             if kind == _ENGINE:
-                assert isinstance(data, tuple)
+                assert isinstance(data, tuple) and len(data) == 2
                 server, v = data
                 if v == version[server]:
                     self._engine_due(server, clock)
@@ -453,10 +478,17 @@ class Fleet:
                 if data == self._dispatch_version:
                     self._dispatch(clock)
             elif kind == _KV_EVENTS:
-                assert isinstance(data, tuple) and self._kv_consumer is not None
-                server, batch = data
-                assert isinstance(batch, list)
-                self._kv_consumer.kv_events(server, batch, clock, self._adapters())
+                assert isinstance(data, tuple) and len(data) == 3 and self._kv_consumer is not None
+                server, generation, batch = data
+                # An engine that left the pool took its socket with it: what it sent is not heard.
+                if generation == self._generation[server] or not self._noticed_restarts:
+                    self._kv_consumer.kv_events(server, batch, clock, self._adapters())
+            elif kind == _RESTART:
+                assert isinstance(data, int)
+                self._restart(data % len(self.engines), clock)
+            elif kind == _RETURN:
+                assert isinstance(data, int)
+                self._return(data, clock)
             else:
                 assert isinstance(data, SimRequestSpec)
                 self._arrive(data, clock)
@@ -476,10 +508,79 @@ class Fleet:
             if not engine.pool.events:
                 continue
             batch = engine.pool.drain_events()
+            if i in self._restarted_unnoticed:
+                # The subscriber sees this engine's sequence numbers start over, and drops what the
+                # index held for it (epick.datalayer.kvevents).
+                self._restarted_unnoticed.discard(i)
+                batch.insert(0, sim_engine.AllBlocksCleared())
             if self.kv_event_delay > 0:
-                self._push(now + self.kv_event_delay, _KV_EVENTS, (i, batch))
+                self._push(now + self.kv_event_delay, _KV_EVENTS, (i, self._generation[i], batch))
             else:
                 self._kv_consumer.kv_events(i, batch, now, self._adapters())
+
+    # Churn.
+    @property
+    def _noticed_restarts(self) -> bool:
+        return self.churn is not None and self.churn.downtime > 0
+
+    def _restart(self, server: int, now: float) -> None:
+        """Server `server` restarts: its requests fail, a new engine with an empty cache replaces
+        its own, and it leaves the pool for the downtime (or stays, unnoticed)."""
+        assert self.churn is not None
+        if not self._pending():
+            return  # the run is over
+        name = self.views[server].name
+        for spec in list(self._in_flight.values()):
+            record = self._records[spec.request_id]
+            prefilling = self._prefilling.get(spec.request_id + _PREFILL) is not None
+            if record.server != server and not (prefilling and record.prefill_server == server):
+                continue
+            if prefilling:
+                # Its prefill on another server runs on, unheard of when it ends (`_engine_due`).
+                del self._prefilling[spec.request_id + _PREFILL]
+                if record.server != server:
+                    self.views[record.server].in_flight -= 1
+            del self._in_flight[spec.request_id]
+            record.failed = f"server {name} restarted"
+            record.finish = now
+            self.policy.finished(spec, record.server, now)
+            self._done(spec, now)
+        old = self.engines[server]
+        self._earlier_busy[server] += old.busy_time
+        self._earlier_prefix[0] += old.scheduler.prefix_queries
+        self._earlier_prefix[1] += old.scheduler.prefix_hits
+        new = self._engine_kind(old.config)
+        new.track_loras = old.track_loras
+        self.engines[server] = new
+        self._version[server] += 1  # the old engine's next event goes stale
+        self._generation[server] += 1
+        view = self.views[server]
+        view.in_flight = 0
+        view.cached_tokens = self._cached_tokens_fn(server)
+        self._scraped_epoch = -1  # its metrics start over
+        self._restarts += 1
+        if self.churn.downtime > 0:
+            self._up = [v for v in self._up if v.index != server]
+            if self._membership is not None:
+                self._membership.server_left(server, now)
+            self._push(now + self.churn.downtime, _RETURN, server)
+        else:
+            self._restarted_unnoticed.add(server)
+        if self._pending():
+            self._push(now + self.churn.interval, _RESTART, self._restarts)
+
+    def _pending(self) -> bool:
+        """Whether anything but churn and KV-event deliveries is still to happen."""
+        return bool(self._held) or any(kind not in _BACKGROUND for _, _, kind, _ in self._events)
+
+    def _return(self, server: int, now: float) -> None:
+        """Server `server` is back in the pool after its downtime, its cache empty."""
+        up = {v.index for v in self._up} | {server}
+        self._up = [v for v in self.views if v.index in up]
+        if self._membership is not None:
+            self._membership.server_joined(server, now)
+        if self._held:
+            self._dispatch(now)
 
     def _adapters(self) -> dict[int, str]:
         return {lora_id: model for model, lora_id in self.lora_ids.items()}
@@ -540,10 +641,11 @@ class Fleet:
         return FleetResult(
             records=records,
             makespan=clock,
-            busy_time=[e.busy_time for e in self.engines],
-            prefix_queries=sum(e.scheduler.prefix_queries for e in self.engines),
-            prefix_hits=sum(e.scheduler.prefix_hits for e in self.engines),
+            busy_time=[e.busy_time + b for e, b in zip(self.engines, self._earlier_busy, strict=True)],
+            prefix_queries=sum(e.scheduler.prefix_queries for e in self.engines) + self._earlier_prefix[0],
+            prefix_hits=sum(e.scheduler.prefix_hits for e in self.engines) + self._earlier_prefix[1],
             servers=len(self.engines),
             requests_per_server=per_server,
             roles=[v.role for v in self.views],
+            restarts=self._restarts,
         )

@@ -72,6 +72,7 @@ def summarize(policy: str, load: float | None, result: FleetResult, slo: SLO) ->
         "failed": len(result.records) - len(done),
         "failure_reasons": failure_reasons(result),
         "makespan_s": result.makespan,
+        "restarts": result.restarts,
         **tenancy(result),
     }
 

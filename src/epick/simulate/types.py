@@ -131,3 +131,41 @@ class Disaggregating(Protocol):
         """The server that computes the prompt of the request just routed (None: the decode server
         does it all), asked right after `route`."""
         ...
+
+
+@runtime_checkable
+class MembershipAware(Protocol):
+    """A policy told when a server leaves the pool and when it comes back (discovery's view of a
+    restart that takes the server down for a while, `Churn.downtime` > 0)."""
+
+    def server_left(self, server: int, now: float) -> None:
+        """Server `server` is gone: its requests have failed and its cache is lost."""
+        ...
+
+    def server_joined(self, server: int, now: float) -> None:
+        """Server `server` is back, its cache empty."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Churn:
+    """Servers restarting during a run: every `interval` seconds of virtual time (the first at
+    `interval`), the next server in turn (0, 1, 2, …) restarts. Its requests fail and its KV cache
+    is lost.
+
+    With `downtime` > 0 the server leaves the pool (discovery removes it; a `MembershipAware` policy
+    hears it) and comes back `downtime` seconds later, empty. With `downtime` 0 it restarts in place,
+    faster than discovery notices (a crashed engine restarted within one readiness-probe period): it
+    stays in the pool, and only a policy that hears KV events learns of it, from the restarted
+    engine's first event, as the service's subscriber does when an engine's sequence numbers start
+    over.
+    """
+
+    interval: float
+    downtime: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.interval > 0:
+            raise ValueError(f"the restart interval must be positive, not {self.interval:g}")
+        if self.downtime < 0:
+            raise ValueError(f"the restart downtime cannot be negative, not {self.downtime:g}")

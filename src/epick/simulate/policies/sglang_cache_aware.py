@@ -214,6 +214,32 @@ class SGLangCacheAware:
     def finished(self, request: SimRequestSpec, server: int, now: float) -> None:
         pass
 
+    # A worker removed from the router (its health check failed, or discovery removed it) leaves
+    # the tree, as SGLang's `remove_worker` removes its tenant; when it returns it starts empty.
+    def server_left(self, server: int, now: float) -> None:
+        self.remove_worker(server)
+
+    def server_joined(self, server: int, now: float) -> None:
+        pass
+
+    def remove_worker(self, worker: int) -> None:
+        """Forget every node worker `worker` holds; nodes nobody holds any more are deleted."""
+        order: list[_Node] = []
+        stack = list(self._root.children.values())
+        while stack:
+            node = stack.pop()
+            order.append(node)
+            stack.extend(node.children.values())
+        for node in reversed(order):  # children before their parents
+            node.tenants.pop(worker, None)
+            node.child_tenants.pop(worker, None)
+            if not node.tenants and not node.children:
+                parent = node.parent
+                assert parent is not None
+                del parent.children[node.text[0]]
+        self._root.child_tenants.pop(worker, None)
+        self._chars.pop(worker, None)
+
     def _smallest_tree(self, servers: Sequence[ServerView]) -> int:
         chars = self._chars
         best = -1
