@@ -1,5 +1,6 @@
-"""Draws eval/precise/delay.png (KV-event delay) and eval/precise/ladder.png (llm-d's ladder
-replayed) from the JSON of docs/evaluation.md section (f).
+"""Draws eval/precise/delay.png (KV-event delay), eval/precise/ladder.png (llm-d's ladder
+replayed) and eval/precise/churn.png (the ladder with servers restarting) from the JSON of
+docs/evaluation.md section (f).
 
     python docs/eval/precise/plots.py
 """
@@ -69,6 +70,34 @@ def ladder_plot() -> None:
     fig.savefig(HERE / "ladder.png", dpi=110)
 
 
+def churn_plot() -> None:
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
+    names = [
+        ("ladder-kv19208", "no restarts"),
+        ("churn-every60", "every 60 s, unnoticed"),
+        ("churn-every20", "every 20 s, unnoticed"),
+        ("churn-every20-down10", "every 20 s, 10 s out of the pool"),
+    ]
+    policies = [r["policy"] for r in runs(names[1][0])]
+    width = 0.2
+    for k, (name, label) in enumerate(names):
+        rows = {r["policy"]: r for r in runs(name)}
+        x = [i + (k - 1.5) * width for i in range(len(policies))]
+        axes[0].bar(x, [rows[p]["ttft_s"]["p90"] for p in policies], width, label=label)
+        axes[1].bar(x, [rows[p]["output_tokens_per_s"] for p in policies], width, label=label)
+        axes[2].bar(x, [100 * rows[p]["prefix_cache_hit_rate"] for p in policies], width, label=label)
+    for ax, title in zip(axes, ("TTFT p90 (s)", "output tokens/s", "prefix hit rate (%)"), strict=True):
+        ax.set_xticks(range(len(policies)), policies, rotation=60, ha="right", fontsize=8)
+        ax.set_title(title)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].set_yscale("log")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("llm-d's ladder at 19,208 blocks per server, servers restarting in turn")
+    fig.tight_layout()
+    fig.savefig(HERE / "churn.png", dpi=110)
+
+
 if __name__ == "__main__":
     delay_plot()
     ladder_plot()
+    churn_plot()
