@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import random
@@ -499,6 +500,7 @@ async def _main(options: ServeOptions) -> None:
     loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError):
         loop.add_signal_handler(signal.SIGHUP, service.reload)
+    settle_gc()
     log.info(
         "epick serving %d endpoints from %s; proxy on :%s, ext_proc on :%s (%s), metrics on :%s",
         len(service.datastore),
@@ -512,6 +514,21 @@ async def _main(options: ServeOptions) -> None:
         await asyncio.Event().wait()
     finally:
         await service.stop()
+
+
+# A young collection every 50,000 net allocations instead of 700, the older ones as rarely as before
+# relative to it: a request allocates thousands of short-lived objects, and almost none of them are
+# part of a reference cycle.
+GC_THRESHOLDS = (50_000, 20, 100)
+
+
+def settle_gc() -> None:
+    """Once started: what start-up built (modules, the config, compiled templates: some 74,000
+    objects) lives as long as the process. Frozen, the cyclic collector no longer rescans it on each
+    full collection (77 ms pauses under load before); and young collections run less often."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import itertools
-import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from epick.framework import jsontext
 from epick.framework.tokens import TokenizedPrompt
 
 # The Go EPP's estimate of characters per token, used wherever a token count is guessed from text.
@@ -70,7 +70,7 @@ class RequestBody:
         msgs = tuple(messages)
 
         def text() -> str:
-            return json.dumps([m.to_json() for m in msgs], separators=(",", ":"), ensure_ascii=False)
+            return jsontext.compact([m.to_json() for m in msgs])
 
         return cls(kind="chat", messages=msgs, source=text, **kwargs)
 

@@ -7,13 +7,13 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from epick.framework import BadRequestError, Usage
+from epick.framework import BadRequestError, Usage, jsontext
 
 
 def decode_object(body: bytes) -> dict[str, Any]:
     """The body as a JSON object; `BadRequestError` naming what is wrong otherwise."""
     try:
-        raw = json.loads(body)
+        raw = jsontext.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadRequestError(f"request body is not valid JSON: {e}") from None
     except RecursionError:
@@ -27,7 +27,7 @@ def decode_object(body: bytes) -> dict[str, Any]:
 
 def compact_json(value: Any) -> str:
     """The text a structured input is hashed as: compact JSON, keys in their order, text unescaped."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return jsontext.compact(value)
 
 
 def model_of(raw: Mapping[str, Any]) -> str:
@@ -92,7 +92,7 @@ def event_data(data: bytes) -> Iterator[Any]:
         if payload == b"[DONE]" or (b"usage" not in payload and b"meta_info" not in payload):
             continue
         try:
-            yield json.loads(payload)
+            yield jsontext.loads(payload)
         except ValueError:
             continue
 
@@ -138,6 +138,6 @@ def openai_usage(usage: Any) -> Usage | None:
 
 def json_or_none(data: bytes) -> Any:
     try:
-        return json.loads(data)
+        return jsontext.loads(data)
     except (ValueError, RecursionError):
         return None

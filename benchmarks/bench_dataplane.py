@@ -1,0 +1,391 @@
+"""The data plane side by side: epick's proxy and Envoy + epick's ext_proc against vllm-router.
+
+Method (issue 15's): static backends (nginx answering a canned OpenAI chat completion, and a
+vLLM-shaped /metrics page for epick's scrapers), load from wrk at 64 connections for a few seconds
+per run, a 2 KB chat body over 16 shared prefixes, the fronts measured in interleaved rounds (each
+front once per round, medians over rounds), and every figure also as a ratio within this run:
+- requests/s, and the ratio to vllm-router's cache_aware policy;
+- CPU per request: the front's own processes (user + system time over the run / requests);
+- latency p50 and p99 at 64 connections, and p99 / p50;
+- added latency at one connection: p50 through the front minus p50 straight to a backend.
+
+Needs `wrk` and `nginx` on PATH (Debian: apt-get install wrk nginx-light); vllm-router rows need
+the `vllm-router` package (pip install -e '.[bench]'). What is missing is skipped, and said.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from string import Template
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+EPICK = [sys.executable, "-m", "epick.cli.main"]
+BACKENDS = 4
+PREFIXES = 16
+
+COMPLETION = json.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": "sim-model",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "A short canned answer from a static backend."},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 512, "completion_tokens": 9, "total_tokens": 521},
+    }
+)
+METRICS = "\n".join(
+    [
+        "# TYPE vllm:num_requests_running gauge",
+        'vllm:num_requests_running{model_name="sim-model"} 0',
+        "# TYPE vllm:num_requests_waiting gauge",
+        'vllm:num_requests_waiting{model_name="sim-model"} 0',
+        "# TYPE vllm:kv_cache_usage_perc gauge",
+        'vllm:kv_cache_usage_perc{model_name="sim-model"} 0.1',
+        'vllm:cache_config_info{block_size="16",num_gpu_blocks="27000"} 1.0',
+        "",
+    ]
+)
+
+# 16 shared system prompts of about 1.9 KB, each followed by a short question: 2 KB bodies.
+WRK_SCRIPT = Template(r"""
+local prefixes = {}
+for p = 1, $prefixes do
+  local words = {}
+  for w = 1, 300 do words[w] = "tok" .. ((p * 7919 + w * 104729) % 5000) end
+  prefixes[p] = table.concat(words, " ")
+end
+local bodies = {}
+for i = 1, $prefixes * 8 do
+  local p = ((i - 1) % $prefixes) + 1
+  bodies[i] = '{"model":"sim-model","max_tokens":16,"messages":[{"role":"system","content":"' ..
+    prefixes[p] .. '"},{"role":"user","content":"question number ' .. i .. ' about this"}]}'
+end
+local n = 0
+request = function()
+  n = n + 1
+  return wrk.format("POST", "/v1/chat/completions", {["Content-Type"] = "application/json"},
+    bodies[(n % #bodies) + 1])
+end
+""")
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [int(s.getsockname()[1]) for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@contextlib.contextmanager
+def process(args: list[str], log: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """A subprocess for the duration; its output to `log` (for the error when it does not come up)."""
+    out = open(log, "wb") if log is not None else subprocess.DEVNULL  # noqa: SIM115
+    proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if log is not None:
+            out.close()  # type: ignore[union-attr]
+
+
+def wait_http(
+    url: str, method: str = "GET", body: bytes | None = None, timeout: float = 30.0, log: Path | None = None
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            request = urllib.request.Request(url, data=body, method=method)
+            request.add_header("Content-Type", "application/json")
+            with urllib.request.urlopen(request, timeout=2) as r:
+                if r.status < 500:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    tail = log.read_text(errors="replace")[-2000:] if log is not None and log.exists() else ""
+    raise RuntimeError(
+        f"{url} did not answer within {timeout:g}s" + (f"; its log ends:\n{tail}" if tail else "")
+    )
+
+
+def nginx_config(tmp: Path, ports: list[int]) -> Path:
+    servers = "\n".join(
+        f"""  server {{
+    listen 127.0.0.1:{port} reuseport backlog=4096;
+    keepalive_requests 1000000;
+    location = /metrics {{ default_type text/plain; return 200 '{METRICS}'; }}
+    location / {{ default_type application/json; return 200 '{COMPLETION}'; }}
+  }}"""
+        for port in ports
+    )
+    path = tmp / "nginx.conf"
+    path.write_text(
+        f"""daemon off;
+master_process off;
+worker_processes 1;
+pid {tmp}/nginx.pid;
+error_log {tmp}/nginx.error.log error;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {tmp}/body;
+  client_body_buffer_size 64k;
+{servers}
+}}
+"""
+    )
+    return path
+
+
+def envoy_config(tmp: Path, listen: int, admin: int, grpc: int) -> Path:
+    """Envoy as GIE's gateways run it: both bodies FULL_DUPLEX_STREAMED to epick."""
+    template = Template((ROOT / "tests" / "extproc" / "envoy.yaml.tmpl").read_text())
+    path = tmp / "envoy.yaml"
+    path.write_text(
+        template.substitute(
+            listen_port=listen,
+            admin_port=admin,
+            grpc_port=grpc,
+            failure_mode_allow="false",
+            request_body_mode="FULL_DUPLEX_STREAMED",
+            response_body_mode="FULL_DUPLEX_STREAMED",
+            request_trailer_mode="SEND",
+            response_trailer_mode="SEND",
+            early_body="false",
+        )
+    )
+    return path
+
+
+@dataclass
+class Run:
+    rps: float
+    p50: float
+    p99: float
+    requests: int
+    cpu: float  # CPU seconds of the front's processes over the run
+
+
+@dataclass
+class Front:
+    name: str
+    url: str
+    pids: list[int] = field(default_factory=list)
+    runs: list[Run] = field(default_factory=list)
+    single: list[float] = field(default_factory=list)  # p50 at one connection, per round
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system time of these processes and their children that were waited for."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
+    return total
+
+
+_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def _duration(text: str) -> float:
+    m = re.fullmatch(r"([\d.]+)(us|ms|s)", text)
+    if m is None:
+        raise ValueError(f"wrk printed a latency {text!r}")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def wrk(url: str, script: Path, connections: int, seconds: float, pids: list[int]) -> Run:
+    before = cpu_seconds(pids)
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--latency", "-s", str(script), url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    cpu = cpu_seconds(pids) - before
+    requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    p50 = _duration(re.search(r"\s50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    p99 = _duration(re.search(r"\s99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if errors:
+        raise RuntimeError(f"{url}: {errors.group(1)} responses were errors")
+    return Run(rps, p50, p99, requests, cpu)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5.0, help="each run at 64 connections")
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 2 s")
+    parser.add_argument("--only", default="", help="comma-separated front names to run (default: all)")
+    parser.add_argument("--workers", default="", help="epick serve --workers values to add, e.g. 2")
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.seconds = 2, 2.0
+    console = Console(width=170)
+    missing = [tool for tool in ("wrk", "nginx") if shutil.which(tool) is None]
+    if missing:
+        console.print(f"bench_dataplane: skipped, {' and '.join(missing)} not on PATH "
+                      "(Debian: apt-get install wrk nginx-light)")  # fmt: skip
+        return
+    with tempfile.TemporaryDirectory() as tmp_name, contextlib.ExitStack() as stack:
+        tmp = Path(tmp_name)
+        script = tmp / "chat.lua"
+        script.write_text(WRK_SCRIPT.substitute(prefixes=PREFIXES))
+        backend_ports = free_ports(BACKENDS)
+        backends = [f"127.0.0.1:{p}" for p in backend_ports]
+        stack.enter_context(process(["nginx", "-c", str(nginx_config(tmp, backend_ports))]))
+        for b in backends:
+            wait_http(f"http://{b}/metrics")
+        fronts = [Front("direct (nginx)", f"http://{backends[0]}")]
+        fronts += start_fronts(stack, tmp, backends, args, console)
+        time.sleep(1.0)  # scrapers have read every backend
+        for front in fronts:  # warm-up: connection pools, caches, first paths
+            wrk(front.url, script, 64, 1.0, front.pids)
+        for _ in range(args.rounds):
+            for front in fronts:
+                front.runs.append(wrk(front.url, script, 64, args.seconds, front.pids))
+                front.single.append(wrk(front.url, script, 1, max(1.0, args.seconds / 2), front.pids).p50)
+    report(console, fronts, args)
+
+
+def start_fronts(
+    stack: contextlib.ExitStack, tmp: Path, backends: list[str], args: argparse.Namespace, console: Console
+) -> list[Front]:
+    """vllm-router (two policies), epick's proxy (configs, workers) and Envoy + epick's ext_proc,
+    each started and answering; those not wanted (`--only`) or not installed are left out."""
+    only = {n for n in args.only.split(",") if n}
+    fronts: list[Front] = []
+    router = shutil.which("vllm-router") or str(Path(sys.executable).with_name("vllm-router"))
+    if not Path(router).exists():
+        console.print("vllm-router not installed (pip install -e '.[bench]'): its rows are skipped")
+    for policy in ("round_robin", "cache_aware") if Path(router).exists() else ():
+        name = f"vllm-router {policy}"
+        if only and name not in only:
+            continue
+        port, prometheus = free_ports(2)
+        cmd = [router, "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
+               "--prometheus-port", str(prometheus), "--log-level", "error",
+               "--worker-urls", *(f"http://{b}" for b in backends)]  # fmt: skip
+        log = tmp / f"router-{policy}.log"
+        proc = stack.enter_context(process(cmd, log))
+        wait_http(f"http://127.0.0.1:{port}/health", timeout=60, log=log)
+        fronts.append(Front(name, f"http://127.0.0.1:{port}", [proc.pid]))
+    variants: list[tuple[str, list[str]]] = [
+        ("epick proxy default", []),
+        ("epick proxy round-robin", ["--config-file", str(ROOT / "config" / "round-robin.yaml")]),
+    ]
+    variants += [
+        (f"epick proxy default --workers {w}", ["--workers", w]) for w in args.workers.split(",") if w
+    ]
+    serve = [*EPICK, "serve", "--endpoints", ",".join(backends), "--log-level", "error"]
+    for name, extra in variants:
+        if only and name not in only:
+            continue
+        proxy, metrics = free_ports(2)
+        cmd = [*serve, "--proxy-port", str(proxy), "--metrics-port", str(metrics), "--no-extproc", *extra]
+        log = tmp / f"epick-{proxy}.log"
+        proc = stack.enter_context(process(cmd, log))
+        wait_http(f"http://127.0.0.1:{proxy}/health", timeout=60, log=log)
+        fronts.append(Front(name, f"http://127.0.0.1:{proxy}", [proc.pid]))
+    name = "Envoy + epick ext_proc"
+    envoy = str(Path(sys.executable).with_name("envoy"))
+    if (not only or name in only) and Path(envoy).exists():
+        grpc, health, metrics, listen, admin = free_ports(5)
+        cmd = [*serve, "--no-proxy", "--grpc-port", str(grpc), "--grpc-health-port", str(health),
+               "--metrics-port", str(metrics)]  # fmt: skip
+        epick = stack.enter_context(process(cmd, tmp / "epick-extproc.log"))
+        config = envoy_config(tmp, listen, admin, grpc)
+        cmd = [
+            envoy,
+            "-c",
+            str(config),
+            "--concurrency",
+            "1",
+            "--log-level",
+            "error",
+            "--base-id",
+            str(listen),
+        ]
+        proc = stack.enter_context(process(cmd, tmp / "envoy.log"))
+        wait_http(f"http://127.0.0.1:{admin}/ready", timeout=60, log=tmp / "envoy.log")
+        url = f"http://127.0.0.1:{listen}"
+        body = b'{"model":"sim-model","messages":[{"role":"user","content":"hi"}]}'
+        wait_http(f"{url}/v1/chat/completions", "POST", body, timeout=60, log=tmp / "epick-extproc.log")
+        fronts.append(Front(name, url, [epick.pid, proc.pid]))
+    return fronts
+
+
+def report(console: Console, fronts: list[Front], args: argparse.Namespace) -> None:
+    def med(values: list[float]) -> float:
+        return statistics.median(values)
+
+    direct = fronts[0]
+    base_single = med(direct.single)
+    reference = next((f for f in fronts if f.name == "vllm-router cache_aware"), None)
+    ref_rps = med([r.rps for r in reference.runs]) if reference else None
+    t = Table(
+        title=f"data plane: static backends, wrk 64 connections, 2 KB chat bodies over {PREFIXES} prefixes "
+        f"({args.rounds} interleaved rounds of {args.seconds:g} s; medians)"
+    )
+    for col in ("front", "req/s", "× vllm-router cache_aware", "CPU µs/request", "p50 ms", "p99 ms",
+                "p99/p50", "added p50 at 1 conn (µs)"):  # fmt: skip
+        t.add_column(col, justify="right")
+    for f in fronts:
+        rps = med([r.rps for r in f.runs])
+        cpu = med([r.cpu / r.requests for r in f.runs]) if f.pids else float("nan")
+        p50, p99 = med([r.p50 for r in f.runs]), med([r.p99 for r in f.runs])
+        added = (med(f.single) - base_single) * 1e6 if f is not direct else 0.0
+        t.add_row(
+            f.name,
+            f"{rps:,.0f}",
+            f"{rps / ref_rps:.2f}" if ref_rps else "–",
+            f"{cpu * 1e6:,.0f}" if f.pids else "–",
+            f"{p50 * 1e3:.1f}",
+            f"{p99 * 1e3:.1f}",
+            f"{p99 / p50:.2f}",
+            f"{added:+,.0f}" if f is not direct else "0",
+        )
+    console.print(t)
+
+
+if __name__ == "__main__":
+    main()
