@@ -185,6 +185,7 @@ def envoy_config(tmp: Path, listen: int, admin: int, grpc: int) -> Path:
             request_trailer_mode="SEND",
             response_trailer_mode="SEND",
             early_body="false",
+            allow_mode_override="false",
         )
     )
     return path

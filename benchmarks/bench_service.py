@@ -242,6 +242,7 @@ def envoy_config(listen: int, admin: int, grpc: int, body_mode: str) -> str:
         request_trailer_mode="SEND",
         response_trailer_mode="SEND" if body_mode == FULL_DUPLEX else "SKIP",
         early_body="false",
+        allow_mode_override="false",
     )
 
 

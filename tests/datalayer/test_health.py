@@ -109,9 +109,19 @@ def test_a_removed_endpoint_takes_its_ejection_along() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"consecutive_failures": 0}, {"base_ejection_s": 0}, {"base_ejection_s": 50, "max_ejection_s": 10},
+    [{"consecutive_failures": -1}, {"base_ejection_s": 0}, {"base_ejection_s": 50, "max_ejection_s": 10},
      {"max_ejection_percent": 101}],
 )  # fmt: skip
 def test_bad_policies_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         OutlierPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_zero_consecutive_failures_turns_outlier_detection_off() -> None:
+    clock = Clock()
+    ds = pool(2, clock)
+    health = EndpointHealth(ds, OutlierPolicy(consecutive_failures=0), clock)
+    for _ in range(20):
+        health.answered("e0", 503)
+        health.failed("e0", "no first byte")
+    assert ds.ejected_count() == 0 and candidates(ds) == ["e0", "e1"]

@@ -26,6 +26,7 @@ import pytest
 from epick.cli.serve import ServeOptions, Service
 from epick.config import LoadedConfig
 from epick.datalayer.datastore import EndpointSpec
+from epick.datalayer.health import OutlierPolicy
 from epick.extproc.exchange import Exchange
 from epick.extproc.server import ExtProcOptions
 from epick.requestcontrol.director import Decision
@@ -63,9 +64,11 @@ class Modes:
     request: str = FULL_DUPLEX
     response: str = FULL_DUPLEX
     early_body: bool = False  # send_body_without_waiting_for_header_response
+    allow_override: bool = False  # allow_mode_override
 
     def template_values(self) -> dict[str, str]:
         return {
+            "allow_mode_override": "true" if self.allow_override else "false",
             "request_body_mode": self.request,
             "response_body_mode": self.response,
             "request_trailer_mode": "SEND" if self.request == FULL_DUPLEX else "SKIP",
@@ -74,7 +77,11 @@ class Modes:
         }
 
     def __str__(self) -> str:
-        return f"{self.request}-{self.response}" + ("-early" if self.early_body else "")
+        return (
+            f"{self.request}-{self.response}"
+            + ("-early" if self.early_body else "")
+            + ("-override" if self.allow_override else "")
+        )
 
 
 class Gateway:
@@ -184,6 +191,8 @@ async def running_gateway(
     *,
     backends: Sequence[tuple[str, int]] = (),
     config: LoadedConfig | None = None,
+    usage_metrics: bool = True,
+    outliers: OutlierPolicy | None = None,
 ) -> AsyncIterator[Gateway]:
     """Envoy, epick's ext_proc server and `servers` simulated servers, or the model servers at
     `backends` (host, port) instead; epick runs `config` (default: the built-in one)."""
@@ -205,6 +214,8 @@ async def running_gateway(
         refresh_metrics_interval=0.02,
         seed=3,
         max_body_bytes=max_body_bytes,
+        usage_metrics=usage_metrics,
+        outliers=outliers or OutlierPolicy(),
     )
     service = Service(options, config)
     await service.start()

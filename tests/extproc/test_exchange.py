@@ -13,21 +13,35 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epick.config import load_default_config
 from epick.datalayer.datastore import Datastore, EndpointSpec
+from epick.datalayer.health import EndpointHealth, OutlierPolicy
 from epick.extproc import exchange as exchange_module
 from epick.extproc.exchange import BUFFERED, FULL_DUPLEX_STREAMED, GRPC, NONE, STREAMED, Exchange
 from epick.extproc.messages import CHUNK_BYTES
 from epick.framework import Metrics
-from epick.requestcontrol.director import DESTINATION_HEADER, PREFILL_HEADER, Director
+from epick.requestcontrol.director import (
+    DESTINATION_HEADER,
+    PREFILL_HEADER,
+    Director,
+    Observer,
+    ResponseNeeds,
+)
 
 BODY = json.dumps({"model": "m", "prompt": "hello " * 30, "max_tokens": 2}).encode()
 
 
-def director(max_body_bytes: int = 1 << 20) -> Director:
+class UsageMetrics(Observer):
+    """As the service's metrics by default: each response's usage is recorded, so bodies are read."""
+
+    reads_usage = True
+
+
+def director(max_body_bytes: int = 1 << 20, observer: Observer | None = None) -> Director:
     ds = Datastore()
     for i in range(2):
         ds.upsert(EndpointSpec(f"ep{i}", f"10.0.0.{i + 1}", 8000, {}))
         ds.update_metrics(f"ep{i}", Metrics(waiting_queue_size=i))
-    return Director(load_default_config(seed=1), ds, max_body_bytes=max_body_bytes)
+    observer = observer if observer is not None else UsageMetrics()
+    return Director(load_default_config(seed=1), ds, max_body_bytes=max_body_bytes, observer=observer)
 
 
 def config(request: int, response: int = STREAMED, early: bool = False) -> pb.ProtocolConfiguration:
@@ -235,3 +249,101 @@ def test_a_stream_that_ends_early_reports_the_response_complete_with_an_error() 
     ex.abandon()
     ex.abandon()
     assert errors == ["stream ended before the response did"]
+
+
+# Asking for no more of the response than the service reads.
+
+
+def reads_nothing() -> Director:
+    """No response hook, no usage metrics, no outlier detection, no flow control."""
+    return director(observer=Observer())
+
+
+def reads_statuses() -> Director:
+    d = reads_nothing()
+    d.health = EndpointHealth(d.datastore, OutlierPolicy(consecutive_failures=5))
+    return d
+
+
+def test_what_the_service_reads_of_responses() -> None:
+    assert director().response_needs is ResponseNeeds.BODY  # usage metrics
+    assert reads_nothing().response_needs is ResponseNeeds.NONE
+    assert reads_statuses().response_needs is ResponseNeeds.HEADERS
+    off = reads_nothing()
+    off.health = EndpointHealth(off.datastore, OutlierPolicy(consecutive_failures=0))
+    assert off.response_needs is ResponseNeeds.NONE
+
+
+@pytest.mark.parametrize("request_mode", [BUFFERED, STREAMED])
+def test_buffered_and_streamed_ask_envoy_for_the_response_headers_only(request_mode: int) -> None:
+    ex = Exchange(reads_statuses())
+    (answer,) = ex.handle(headers(config(request_mode, STREAMED)))
+    assert answer.HasField("mode_override")
+    mode = answer.mode_override
+    assert mode.request_body_mode == request_mode  # the request goes on as configured
+    assert (mode.response_header_mode, mode.response_body_mode) == (exchange_module.SEND, NONE)
+    ex.handle(body(BODY, eos=True))
+    assert kinds(ex.handle(response_headers("503"))) == ["response_headers"]
+    assert not ex.completed
+    ex.abandon()  # Envoy ends the stream with the response: no error, the status was heard
+    assert ex.completed and ex.response is not None and ex.response.error is None
+    assert ex.response.status == 503
+
+
+def test_with_nothing_to_read_the_response_headers_are_skipped_too() -> None:
+    ex = Exchange(reads_nothing())
+    (answer,) = ex.handle(headers(config(BUFFERED, BUFFERED)))
+    assert answer.mode_override.response_header_mode == exchange_module.SKIP
+    assert answer.mode_override.response_body_mode == NONE
+    ex.handle(body(BODY, eos=True))
+    completed: list[str] = []
+    ex.director.response_complete = lambda d, r, e: completed.append(r.error or "ok")  # type: ignore[method-assign]
+    ex.abandon()
+    assert completed == ["ok"]
+
+
+def test_a_gateway_that_ignores_the_override_still_gets_its_answers() -> None:
+    ex = Exchange(reads_statuses())
+    ex.handle(headers(config(BUFFERED, STREAMED)))
+    ex.handle(body(BODY, eos=True))
+    assert kinds(ex.handle(response_headers())) == ["response_headers"]
+    assert kinds(ex.handle(response_body(b'{"usage": {}}', eos=True))) == ["response_body"]
+    assert ex.completed
+
+
+def test_reading_bodies_asks_for_no_override() -> None:
+    ex = Exchange(director())
+    (answer,) = ex.handle(headers(config(BUFFERED, STREAMED)))
+    assert not answer.HasField("mode_override")
+
+
+@pytest.mark.parametrize(
+    "protocol",
+    [config(FULL_DUPLEX_STREAMED, FULL_DUPLEX_STREAMED), config(BUFFERED, FULL_DUPLEX_STREAMED),
+     config(STREAMED, STREAMED, early=True)],
+    ids=["full-duplex", "full-duplex-response", "early-body"],
+)  # fmt: skip
+def test_where_envoy_ignores_overrides_none_is_sent(protocol: pb.ProtocolConfiguration) -> None:
+    ex = Exchange(reads_statuses())
+    answers = ex.handle(headers(protocol)) + ex.handle(body(BODY, eos=True))
+    assert not any(a.HasField("mode_override") for a in answers)
+    assert not ex.closed  # the status is read: the stream stays for the response
+
+
+def test_full_duplex_with_nothing_to_read_ends_the_stream_once_routed() -> None:
+    ex = Exchange(reads_nothing())
+    assert ex.handle(headers(config(FULL_DUPLEX_STREAMED, FULL_DUPLEX_STREAMED))) == []
+    answers = ex.handle(body(BODY, eos=True))
+    assert kinds(answers) == ["request_headers", "request_body"]
+    assert streamed_body(answers[1:]) == (BODY, [True])
+    assert ex.closed and ex.completed
+
+
+def test_full_duplex_with_trailers_ends_the_stream_after_answering_them() -> None:
+    ex = Exchange(reads_nothing())
+    ex.handle(headers(config(FULL_DUPLEX_STREAMED, FULL_DUPLEX_STREAMED)))
+    ex.handle(body(BODY, eos=False))
+    assert not ex.closed
+    answers = ex.handle(pb.ProcessingRequest(request_trailers=pb.HttpTrailers()))
+    assert kinds(answers) == ["request_headers", "request_body", "request_trailers"]
+    assert ex.closed

@@ -30,6 +30,8 @@ from epick.requestcontrol.director import (
     OBJECTIVE_HEADER,
     PREFILL_HEADER,
     Director,
+    Observer,
+    ResponseNeeds,
 )
 from epick.requestcontrol.errors import RequestError
 
@@ -453,3 +455,21 @@ def test_an_endpoint_that_leaves_is_forgotten_by_the_prefix_index() -> None:
         d.decide(body(prompt="a long shared system prompt " * 20), {}, "/v1/completions").targets[0].name
         != chosen
     )
+
+
+class UsageObserver(Observer):
+    reads_usage = True
+
+
+def test_a_response_is_read_for_its_usage_only_when_something_wants_it() -> None:
+    assert director().decide(body(), {}).usage is None  # no hook reads responses, no metrics
+    assert director(observer=UsageObserver()).decide(body(), {}).usage is not None
+    hooked = load_config_text(
+        "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
+        "plugins:\n- type: inflight-load-producer\n- type: queue-scorer\n",
+        seed=SEED,
+    )
+    d = director(config=hooked)  # a ResponseComplete hook: it may read the usage
+    assert d.config.hooks.response_complete
+    assert d.response_needs is ResponseNeeds.BODY
+    assert d.decide(body(), {}).usage is not None

@@ -77,6 +77,9 @@ class ServeOptions:
     model_rewrites_file: str | None = None
     rewrites_pool: str | None = None
     outliers: OutlierPolicy = field(default_factory=OutlierPolicy)
+    # The token histograms from each response's usage; off, responses are read only when a plugin
+    # needs them (and ext_proc asks the gateway for less of each response).
+    usage_metrics: bool = True
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -159,7 +162,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--outlier-consecutive-5xx",
         type=int,
         default=5,
-        help="5xx or first-byte timeouts in a row that eject an endpoint (Envoy's default 5)",
+        help="5xx or first-byte timeouts in a row that eject an endpoint (Envoy's default 5; 0: no outlier "
+        "detection, and ext_proc need not see response headers for it)",
     )
     p.add_argument(
         "--outlier-base-ejection", default="30s", help="first ejection; the n-th in a row lasts n times this"
@@ -193,6 +197,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--expose-endpoint",
         action="store_true",
         help="proxy: name the serving endpoint (x-epick-endpoint) and failed ones in error bodies",
+    )
+    p.add_argument(
+        "--usage-metrics",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="record the token histograms (inference_objective_*_tokens) from each response's usage; "
+        "off, responses are read only when a plugin needs them, and ext_proc skips their bodies",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
@@ -287,6 +298,7 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
                 base_ejection_s=parse_duration(args.outlier_base_ejection),
                 max_ejection_s=parse_duration(args.outlier_max_ejection),
             ),
+            usage_metrics=args.usage_metrics,
         )
     except (DiscoveryError, ValueError) as e:
         raise SystemExit(f"epick serve: {e}") from None
@@ -300,7 +312,9 @@ class Service:
         self.config = config or self._load()
         self.datastore = Datastore()
         self.datastore.replace_all(options.endpoints)
-        self.metrics = EppMetrics(options.pool_name, self.datastore, lambda: self.director.config)
+        self.metrics = EppMetrics(
+            options.pool_name, self.datastore, lambda: self.director.config, usage=options.usage_metrics
+        )
         self.scrapers = ScraperPool(
             self.datastore, interval=options.refresh_metrics_interval, plan=self.config.data_layer
         )

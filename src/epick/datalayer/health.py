@@ -31,9 +31,15 @@ class OutlierPolicy:
     max_ejection_s: float = 300.0
     max_ejection_percent: float = 10.0
 
+    @property
+    def counts_statuses(self) -> bool:
+        """Whether 5xx answers and first-byte timeouts eject endpoints (0 consecutive failures: outlier
+        detection is off, as when the gateway does its own)."""
+        return self.consecutive_failures > 0
+
     def __post_init__(self) -> None:
-        if self.consecutive_failures < 1:
-            raise ValueError("consecutive_failures must be at least 1")
+        if self.consecutive_failures < 0:
+            raise ValueError("consecutive_failures must be 0 (5xx answers eject nothing) or more")
         if not (0 < self.base_ejection_s <= self.max_ejection_s and math.isfinite(self.max_ejection_s)):
             raise ValueError("ejection times must be finite, with 0 < base_ejection_s <= max_ejection_s")
         if not 0 <= self.max_ejection_percent <= 100:
@@ -62,6 +68,8 @@ class EndpointHealth:
 
     def answered(self, name: str, status: int) -> None:
         """A response's status: 5xx counts towards ejection, anything else resets the count."""
+        if not self.policy.counts_statuses:
+            return
         if status >= 500:
             self.failed(name, f"answered {status}")
         else:
@@ -82,6 +90,8 @@ class EndpointHealth:
             del self._records[name]
 
     def failed(self, name: str, reason: str) -> None:
+        if not self.policy.counts_statuses:
+            return  # outlier detection is off
         record = self._records.setdefault(name, _Record())
         record.failures += 1
         if record.failures < self.policy.consecutive_failures:

@@ -19,6 +19,15 @@ Envoy names its body modes in the first message (`protocol_config`); what each n
 
 When Envoy sends no `protocol_config` (older versions), the request body is treated as `STREAMED`, which
 also serves `BUFFERED`, and response chunks are acknowledged without being echoed.
+
+epick asks for no more of a response than the service reads (`Director.response_needs`): with no
+ResponseStreaming or ResponseComplete hook and no usage metrics, the answer to the request headers
+carries a `mode_override` (honoured when the filter sets `allow_mode_override`, and neither body mode
+is `FULL_DUPLEX_STREAMED` nor the body is sent early) that turns the response body off, and the
+response headers too when nothing reads their status; the end of the stream then completes the
+response. Under `FULL_DUPLEX_STREAMED`, where Envoy ignores overrides, a config that needs nothing of
+the response ends the stream once the request is routed: Envoy then relays the response without
+asking epick. A gateway that ignores the override sends the response anyway, and it is served as before.
 """
 
 from __future__ import annotations
@@ -32,12 +41,13 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epick.extproc import messages
 from epick.framework import Endpoint, Response
-from epick.requestcontrol.director import DEFAULT_PATH, Decision, Director
+from epick.requestcontrol.director import DEFAULT_PATH, Decision, Director, ResponseNeeds
 from epick.requestcontrol.errors import RequestError, too_large
 
 log = logging.getLogger(__name__)
 
 _Mode = processing_mode_pb2.ProcessingMode
+SEND, SKIP = _Mode.SEND, _Mode.SKIP
 NONE = _Mode.NONE
 STREAMED = _Mode.STREAMED
 BUFFERED = _Mode.BUFFERED
@@ -93,6 +103,12 @@ class Modes:
         )
 
     @property
+    def takes_override(self) -> bool:
+        """Whether Envoy honours a `mode_override` (given `allow_mode_override`): not when either body
+        mode is full duplex, nor when the body is sent without waiting for the headers' answer."""
+        return not self.early_body and FULL_DUPLEX_STREAMED not in (self.request_body, self.response_body)
+
+    @property
     def headers_wait_for_body(self) -> bool:
         """Envoy sends the body before its headers are answered, so they are answered with the routing."""
         return self.request_body == FULL_DUPLEX_STREAMED or self.early_body
@@ -115,6 +131,10 @@ class Exchange:
     closed: bool = False
     # Set when routing waits in flow control: (phase, more); the server then awaits `admit`.
     pending: tuple[str, bool] | None = None
+    # What the service reads of the response (set when the request headers are answered), and whether
+    # the answer asked Envoy for less than the whole response (`mode_override`).
+    needs: ResponseNeeds = ResponseNeeds.BODY
+    overridden: bool = False
 
     def handle(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
         if message.HasField("protocol_config"):
@@ -146,6 +166,7 @@ class Exchange:
                 RequestError(400, "a second set of request headers on one ext_proc stream", "bad_stream")
             )
         self.headers = messages.headers_of(message)
+        self.needs = self.director.response_needs
         if message.end_of_stream:  # no body will follow
             return self._route(phase="headers", more=False)
         unroutable = _UNROUTABLE.get(self.modes.request_body)
@@ -156,7 +177,7 @@ class Exchange:
             return self._fail(_mode_error("response_body_mode GRPC"), log_once="response_body_mode GRPC")
         if self.modes.headers_wait_for_body:
             return []
-        return [pb.ProcessingResponse(request_headers=pb.HeadersResponse())]
+        return [self._override(pb.ProcessingResponse(request_headers=pb.HeadersResponse()))]
 
     def _request_body(self, message: pb.HttpBody) -> list[pb.ProcessingResponse]:
         if self.decision is not None:  # more body after routing: only a partial buffer does this
@@ -181,9 +202,13 @@ class Exchange:
     def _request_trailers(self) -> list[pb.ProcessingResponse]:
         trailers = pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
         if self.decision is not None:
+            self._end_early()
             return [trailers]
         if self.modes.request_body == FULL_DUPLEX_STREAMED or self.modes.headers_wait_for_body:
-            return [*self._route(phase="body", more=True), trailers]
+            answers = [*self._route(phase="body", more=True), trailers]
+            if self.decision is not None:
+                self._end_early()
+            return answers
         # STREAMED, headers answered, and the body ended without end_of_stream: as a body in pieces.
         return self._fail(_STREAMED_IN_PIECES, log_once="streamed-in-pieces")
 
@@ -218,13 +243,23 @@ class Exchange:
     def _routed(
         self, decision: Decision, received: bytes, *, phase: str, more: bool
     ) -> list[pb.ProcessingResponse]:
+        answers = self._routing_answers(decision, received, phase=phase, more=more)
+        if not more:
+            self._end_early()
+        return answers
+
+    def _routing_answers(
+        self, decision: Decision, received: bytes, *, phase: str, more: bool
+    ) -> list[pb.ProcessingResponse]:
         self.decision = decision
         metadata = messages.destinations(decision)
         if phase == "headers":
             common = messages.routing(decision, content_length=None)
             return [
-                pb.ProcessingResponse(
-                    request_headers=pb.HeadersResponse(response=common), dynamic_metadata=metadata
+                self._override(
+                    pb.ProcessingResponse(
+                        request_headers=pb.HeadersResponse(response=common), dynamic_metadata=metadata
+                    )
                 )
             ]
         rewritten = decision.body != received
@@ -260,6 +295,36 @@ class Exchange:
             pb.ProcessingResponse(request_body=pb.BodyResponse(response=last), dynamic_metadata=last_metadata)
         )
         return answers
+
+    # Asking for less of the response.
+
+    def _override(self, answer: pb.ProcessingResponse) -> pb.ProcessingResponse:
+        """`answer` (to the request headers), with a `mode_override` that asks for no more of the
+        response than the service reads; unchanged when it reads the body, or Envoy would ignore one."""
+        modes = self.modes
+        if self.needs is ResponseNeeds.BODY or not modes.takes_override:
+            return answer
+        answer.mode_override.CopyFrom(
+            _Mode(
+                request_header_mode=SEND,
+                request_body_mode=modes.request_body,
+                response_header_mode=SEND if self.needs is ResponseNeeds.HEADERS else SKIP,
+                response_body_mode=NONE,
+                response_trailer_mode=SKIP,
+            )
+        )
+        self.overridden = True
+        return answer
+
+    def _end_early(self) -> None:
+        """Once the request is routed and passed on: when nothing of the response is read and Envoy
+        would not take an override (full duplex, or the body sent early), end the stream; Envoy relays
+        the response without epick."""
+        if self.needs is not ResponseNeeds.NONE or self.closed or self.decision is None:
+            return
+        if not self.modes.takes_override:
+            self.closed = True
+            self._complete(None)
 
     def _fail(self, error: RequestError, log_once: str | None = None) -> list[pb.ProcessingResponse]:
         if log_once is not None and log_once not in _logged_unroutable:
@@ -334,8 +399,13 @@ class Exchange:
         return True
 
     def abandon(self) -> None:
-        """The stream ended: a response that did not finish is reported complete, with an error."""
-        self._complete("stream ended before the response did")
+        """The stream ended: a response that did not finish is reported complete, with an error;
+        unless epick asked for less than its body (`mode_override`): then the end of the stream is the
+        end of the response."""
+        if self.overridden and (self.response is not None or self.needs is ResponseNeeds.NONE):
+            self._complete(None)
+        else:
+            self._complete("stream ended before the response did")
 
 
 def _emptied_chunk() -> pb.ProcessingResponse:

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import uuid
@@ -40,7 +41,7 @@ from epick.requestcontrol.path import Observer, RequestPath, safely
 from epick.requestcontrol.tokenize import RemoteTokenization
 from epick.requestcontrol.usage import UsageReader
 
-__all__ = ["Decision", "Director", "Observer"]
+__all__ = ["Decision", "Director", "Observer", "ResponseNeeds"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,14 @@ CONTROL_HEADERS = frozenset(
 UNTRUSTED_HEADERS = frozenset(
     {DESTINATION_HEADER, PREFILL_HEADER, ENCODER_HEADER, DATA_PARALLEL_HEADER, MODEL_REWRITE_HEADER}
 )
+
+
+class ResponseNeeds(enum.IntEnum):
+    """How much of each response the service must see, by what the config and the options read."""
+
+    NONE = 0  # nothing: the response goes to the client unread
+    HEADERS = 1  # its status and its end: outlier detection, flow control, ResponseReceived hooks
+    BODY = 2  # every chunk: ResponseStreaming and ResponseComplete hooks, usage for the metrics
 
 
 @dataclass(slots=True)
@@ -221,8 +230,28 @@ class Director:
         except RequestError as e:
             self.observer.error(client_model, request.target_model, e.code)
             raise
-        usage = UsageReader(parser, self.max_body_bytes) if read_response else None
-        return Decision(request, result, body, client_model, usage)
+        return Decision(request, result, body, client_model, self._usage_reader(parser, read_response))
+
+    @property
+    def response_needs(self) -> ResponseNeeds:
+        """What responses must be read for (ext_proc asks the gateway for no more than this)."""
+        hooks = self.config.hooks
+        if hooks.response_streaming or hooks.response_complete or self.observer.reads_usage:
+            return ResponseNeeds.BODY
+        health = self.health
+        if (
+            hooks.response_received
+            or self.admission is not None
+            or (health and health.policy.counts_statuses)
+        ):
+            return ResponseNeeds.HEADERS
+        return ResponseNeeds.NONE
+
+    def _usage_reader(self, parser: Parser, read_response: bool) -> UsageReader | None:
+        """A reader of the response's usage, when the parser can read one and something wants it."""
+        if not read_response or self.response_needs < ResponseNeeds.BODY:
+            return None
+        return UsageReader(parser, self.max_body_bytes)
 
     @property
     def needs_async(self) -> bool:
@@ -245,7 +274,7 @@ class Director:
         if admission is None:
             return self._scheduled(request, body, client_model, parser, read_response)
         cycle_state, fairness = self.path.prepare(request)
-        usage = UsageReader(parser, self.max_body_bytes) if read_response else None
+        usage = self._usage_reader(parser, read_response)
 
         def dispatched() -> Decision:
             result = self.path.decide_admitted(request, cycle_state, self.datastore.snapshot())

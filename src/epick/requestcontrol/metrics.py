@@ -134,7 +134,12 @@ def _hits(p: PrecisePrefixCacheProducer) -> int:
 
 
 class EppMetrics(Observer):
-    def __init__(self, pool: str, datastore: Datastore, config: Callable[[], LoadedConfig]) -> None:
+    def __init__(
+        self, pool: str, datastore: Datastore, config: Callable[[], LoadedConfig], *, usage: bool = True
+    ) -> None:
+        """`usage`: record the token histograms from each response's usage (the response bodies are
+        then read, in ext_proc too); off, they stay empty and responses are read only for plugins."""
+        self.reads_usage = usage
         self.registry = CollectorRegistry()
         self.registry.register(_PoolState(pool, datastore, config))
         r = self.registry

@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 class Observer:
     """What the request path reports for metrics; the default records nothing."""
 
+    # Whether `usage` records anything: when it does not, no response body is read for it.
+    reads_usage: bool = False
+
     def scheduled(self, request: InferenceRequest, seconds: float) -> None:
         pass
 
