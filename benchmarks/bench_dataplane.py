@@ -170,22 +170,38 @@ http {{
     return path
 
 
-def envoy_config(tmp: Path, listen: int, admin: int, grpc: int) -> Path:
-    """Envoy as GIE's gateways run it: both bodies FULL_DUPLEX_STREAMED to epick."""
+FULL_DUPLEX = "FULL_DUPLEX_STREAMED"
+# Envoy + epick's ext_proc: (name, request body mode, response body mode, allow_mode_override, epick's
+# extra arguments). The first is GIE's gateway setting with epick's defaults.
+EXTPROC_VARIANTS: list[tuple[str, str, str, bool, list[str]]] = [
+    ("Envoy + epick ext_proc (GIE modes)", FULL_DUPLEX, FULL_DUPLEX, False, []),
+    ("Envoy + epick ext_proc (GIE modes; reads no response)", FULL_DUPLEX, FULL_DUPLEX, False,
+     ["--no-usage-metrics", "--outlier-consecutive-5xx", "0"]),
+    ("Envoy + epick ext_proc (buffered; mode_override)", "BUFFERED", "STREAMED", True,
+     ["--no-usage-metrics"]),
+]  # fmt: skip
+
+
+def envoy_config(
+    tmp: Path, listen: int, admin: int, grpc: int, *, modes: tuple[str, str] = (FULL_DUPLEX, FULL_DUPLEX),
+    allow_override: bool = False,
+) -> Path:  # fmt: skip
+    """Envoy in front of epick's ext_proc with these body modes (GIE's gateways: both full duplex)."""
     template = Template((ROOT / "tests" / "extproc" / "envoy.yaml.tmpl").read_text())
-    path = tmp / "envoy.yaml"
+    path = tmp / f"envoy-{listen}.yaml"
+    request, response = modes
     path.write_text(
         template.substitute(
             listen_port=listen,
             admin_port=admin,
             grpc_port=grpc,
             failure_mode_allow="false",
-            request_body_mode="FULL_DUPLEX_STREAMED",
-            response_body_mode="FULL_DUPLEX_STREAMED",
-            request_trailer_mode="SEND",
-            response_trailer_mode="SEND",
+            request_body_mode=request,
+            response_body_mode=response,
+            request_trailer_mode="SEND" if request == FULL_DUPLEX else "SKIP",
+            response_trailer_mode="SEND" if response == FULL_DUPLEX else "SKIP",
             early_body="false",
-            allow_mode_override="false",
+            allow_mode_override="true" if allow_override else "false",
         )
     )
     return path
@@ -327,14 +343,18 @@ def start_fronts(
         proc = stack.enter_context(process(cmd, log))
         wait_http(f"http://127.0.0.1:{proxy}/health", timeout=60, log=log)
         fronts.append(Front(name, f"http://127.0.0.1:{proxy}", [proc.pid]))
-    name = "Envoy + epick ext_proc"
     envoy = str(Path(sys.executable).with_name("envoy"))
-    if (not only or name in only) and Path(envoy).exists():
+    for name, request, response, allow_override, extra in EXTPROC_VARIANTS if Path(envoy).exists() else []:
+        if only and name not in only:
+            continue
         grpc, health, metrics, listen, admin = free_ports(5)
         cmd = [*serve, "--no-proxy", "--grpc-port", str(grpc), "--grpc-health-port", str(health),
-               "--metrics-port", str(metrics)]  # fmt: skip
-        epick = stack.enter_context(process(cmd, tmp / "epick-extproc.log"))
-        config = envoy_config(tmp, listen, admin, grpc)
+               "--metrics-port", str(metrics), *extra]  # fmt: skip
+        epick_log, envoy_log = tmp / f"epick-{grpc}.log", tmp / f"envoy-{listen}.log"
+        epick = stack.enter_context(process(cmd, epick_log))
+        config = envoy_config(
+            tmp, listen, admin, grpc, modes=(request, response), allow_override=allow_override
+        )
         cmd = [
             envoy,
             "-c",
@@ -346,11 +366,11 @@ def start_fronts(
             "--base-id",
             str(listen),
         ]
-        proc = stack.enter_context(process(cmd, tmp / "envoy.log"))
-        wait_http(f"http://127.0.0.1:{admin}/ready", timeout=60, log=tmp / "envoy.log")
+        proc = stack.enter_context(process(cmd, envoy_log))
+        wait_http(f"http://127.0.0.1:{admin}/ready", timeout=60, log=envoy_log)
         url = f"http://127.0.0.1:{listen}"
         body = b'{"model":"sim-model","messages":[{"role":"user","content":"hi"}]}'
-        wait_http(f"{url}/v1/chat/completions", "POST", body, timeout=60, log=tmp / "epick-extproc.log")
+        wait_http(f"{url}/v1/chat/completions", "POST", body, timeout=60, log=epick_log)
         fronts.append(Front(name, url, [epick.pid, proc.pid]))
     return fronts
 

@@ -13,11 +13,12 @@ from epick.config import LoadedConfig
 from epick.datalayer.datastore import Datastore
 from epick.flowcontrol import FlowItem, FlowObserver
 from epick.flowcontrol.registry import BandStats
-from epick.framework import InferenceRequest, Plugin, Usage
+from epick.framework import InferenceRequest, Plugin, TypedName, Usage
 from epick.framework.flowcontrol import FlowKey
 from epick.plugins.prefix.precise import PrecisePrefixCacheProducer
 from epick.plugins.prefix.scorer import PrefixCacheScorer
 from epick.requestcontrol.director import Observer
+from epick.requestcontrol.series import Counters, Histograms, HistogramSeries
 
 # GIE's token-count buckets (pkg/epp/metrics/metrics.go).
 TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536, 131072, 262144,
@@ -143,64 +144,72 @@ class EppMetrics(Observer):
         self.registry = CollectorRegistry()
         self.registry.register(_PoolState(pool, datastore, config))
         r = self.registry
-        self._e2e = Histogram(
+        # The request path's own series (epick.requestcontrol.series: no label lookup, no lock).
+        self._e2e = Histograms(
             "inference_extension_scheduler_e2e_duration_seconds",
             "End-to-end scheduling latency.",
             buckets=SCHEDULER_BUCKETS,
             registry=r,
         )
-        self._requests = Counter(
+        self._requests = Counters(
             "inference_objective_request",
             "Requests by model.",
             ["model_name", "target_model_name"],
             registry=r,
         )
-        self._errors = Counter(
+        self._errors = Counters(
             "inference_objective_request_error",
             "Request errors by model and code.",
             ["model_name", "target_model_name", "error_code"],
             registry=r,
         )
         tokens = ["model_name", "target_model_name"]
-        self._input_tokens = Histogram(
+        self._input_tokens = Histograms(
             "inference_objective_input_tokens", "Input token count per request.", tokens,
             buckets=TOKEN_BUCKETS, registry=r,
         )  # fmt: skip
-        self._output_tokens = Histogram(
+        self._output_tokens = Histograms(
             "inference_objective_output_tokens", "Output token count per request.", tokens,
             buckets=TOKEN_BUCKETS, registry=r,
         )  # fmt: skip
-        self._cached_tokens = Histogram(
+        self._cached_tokens = Histograms(
             "inference_objective_prompt_cached_tokens", "Prompt tokens served from the cache per request.",
             tokens, buckets=TOKEN_BUCKETS, registry=r,
         )  # fmt: skip
         self.flow = FlowMetrics(pool, r)
-        self.plugin_duration = Histogram(
+        self.plugin_duration = Histograms(
             "inference_extension_plugin_duration_seconds",
             "Plugin processing latency by extension point.",
             ["extension_point", "plugin_type", "plugin_name"],
             buckets=SCHEDULER_BUCKETS,
             registry=r,
         )
+        self._plugin_series: dict[tuple[str, TypedName], HistogramSeries] = {}
 
     def observe(self, extension_point: str, plugin: Plugin, seconds: float) -> None:
         """The scheduler's `PluginTimer`: one observation per plugin call."""
         name = plugin.typed_name
-        self.plugin_duration.labels(extension_point, name.type, name.name).observe(seconds)
+        key = (extension_point, name)
+        series = self._plugin_series.get(key)
+        if series is None:
+            series = self._plugin_series[key] = self.plugin_duration.series(
+                extension_point, name.type, name.name
+            )
+        series.observe(seconds)
 
     def scheduled(self, request: InferenceRequest, seconds: float) -> None:
         self._e2e.observe(seconds)
 
     def request(self, model: str, target_model: str) -> None:
-        self._requests.labels(model, target_model).inc()
+        self._requests.inc(model, target_model)
 
     def error(self, model: str, target_model: str, code: str) -> None:
-        self._errors.labels(model, target_model, code).inc()
+        self._errors.inc(model, target_model, code)
 
     def usage(self, model: str, target_model: str, usage: Usage) -> None:
-        self._input_tokens.labels(model, target_model).observe(usage.prompt_tokens)
-        self._output_tokens.labels(model, target_model).observe(usage.completion_tokens)
-        self._cached_tokens.labels(model, target_model).observe(usage.cached_tokens)
+        self._input_tokens.series(model, target_model).observe(usage.prompt_tokens)
+        self._output_tokens.series(model, target_model).observe(usage.completion_tokens)
+        self._cached_tokens.series(model, target_model).observe(usage.cached_tokens)
 
 
 class FlowMetrics(FlowObserver):
