@@ -66,6 +66,9 @@ def matches_suffix(path: str, suffix: str) -> bool:
     return path.endswith(normalize_suffix(suffix))
 
 
+RESOLVED_PATHS = 1024  # distinct request paths whose parser is remembered
+
+
 class ParserSet:
     """The configured parsers, in order, resolving request paths (see the module docstring)."""
 
@@ -92,9 +95,21 @@ class ParserSet:
         self._claims = [
             (normalize_suffix(suffix), parser) for parser in self.parsers for suffix in parser.paths
         ]
+        # Paths resolved before: clients use a handful. Bounded, since a client may send any path.
+        self._resolved: dict[str, Parser | None] = {}
 
     def resolve(self, path: str) -> Parser | None:
         """The parser for a request path (query removed), or None when no parser accepts it."""
+        try:
+            return self._resolved[path]
+        except KeyError:
+            pass
+        parser = self._resolve(path)
+        if len(self._resolved) < RESOLVED_PATHS:
+            self._resolved[path] = parser
+        return parser
+
+    def _resolve(self, path: str) -> Parser | None:
         best: Parser | None = None
         best_len = -1
         for suffix, parser in self._claims:

@@ -157,20 +157,7 @@ class InferenceRequest:
         model = raw.get("model")
         if not isinstance(model, str) or not model:
             raise BadRequestError("request body has no 'model' (a non-empty string is required)")
-        if kind is None:
-            kind = "chat" if "messages" in raw else "completion"
-        common: dict[str, Any] = {
-            "stream": _opt_bool(raw, "stream"),
-            "cache_salt": _opt_str(raw, "cache_salt"),
-            "max_tokens": _opt_int(raw, "max_completion_tokens")
-            if raw.get("max_completion_tokens") is not None
-            else _opt_int(raw, "max_tokens"),
-        }
-        common["raw"] = raw
-        if kind == "chat":
-            body = RequestBody.chat(_parse_messages(raw.get("messages")), **common)
-        else:
-            body = RequestBody.completion(_parse_prompt(raw.get("prompt")), **common)
+        body = openai_body(raw, kind)
         hdrs = {k.lower(): v for k, v in (headers or {}).items()}
         return cls(
             target_model=model,
@@ -181,6 +168,24 @@ class InferenceRequest:
             objective=hdrs.get("x-gateway-inference-objective", ""),
             size=size,
         )
+
+
+def openai_body(raw: Mapping[str, Any], kind: RequestKind | None = None) -> RequestBody:
+    """The body of an OpenAI completions or chat request (`kind` None: chat when it has `messages`);
+    `BadRequestError` naming the field at fault."""
+    if kind is None:
+        kind = "chat" if "messages" in raw else "completion"
+    common: dict[str, Any] = {
+        "stream": _opt_bool(raw, "stream"),
+        "cache_salt": _opt_str(raw, "cache_salt"),
+        "max_tokens": _opt_int(raw, "max_completion_tokens")
+        if raw.get("max_completion_tokens") is not None
+        else _opt_int(raw, "max_tokens"),
+        "raw": raw,
+    }
+    if kind == "chat":
+        return RequestBody.chat(_parse_messages(raw.get("messages")), **common)
+    return RequestBody.completion(_parse_prompt(raw.get("prompt")), **common)
 
 
 def _utf8_len(text: str) -> int:

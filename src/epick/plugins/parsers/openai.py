@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from epick.framework import BadRequestError, InferenceRequest, NamedPlugin, Reads, RequestBody, Usage
+from epick.framework import BadRequestError, NamedPlugin, Reads, RequestBody, Usage
 from epick.framework.parsing import ParsedRequest, matches_suffix
-from epick.framework.request import RequestKind
+from epick.framework.request import RequestKind, openai_body
 from epick.plugins.parsers.common import (
     compact_json,
     count_of,
@@ -85,8 +85,7 @@ def parse_openai(raw: dict[str, Any], kind: RequestKind) -> ParsedRequest:
     if not model:
         raise BadRequestError("request body has no 'model' (a non-empty string is required)")
     if kind in ("chat", "completion"):
-        request = InferenceRequest.from_openai(raw, kind=kind)
-        return ParsedRequest(request.body, model, raw)
+        return ParsedRequest(openai_body(raw, kind), model, raw)
     stream = stream_of(raw)
     salt = salt_of(raw)
     max_tokens: int | None = None
