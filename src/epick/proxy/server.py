@@ -115,6 +115,10 @@ class Proxy:
         self.port = options.port
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
+        # Each attempt's connect and between-chunks limits (the same for every request).
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=options.connect_timeout, sock_read=options.read_timeout
+        )
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.options.max_body_bytes, middlewares=[json_errors])
@@ -287,9 +291,7 @@ class Proxy:
         if prefill is not None:
             headers[PREFILL_HEADER] = prefill.host_port
         headers.update(d.result.headers)
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=self.options.connect_timeout, sock_read=self.options.read_timeout
-        )
+        timeout = self._timeout
         url = f"http://{endpoint.host_port}{path}"
         response = Response(d.request.request_id, streaming=d.request.body.stream)
         first_byte = self.options.first_byte_timeout
@@ -368,12 +370,15 @@ class Proxy:
         self._copy_headers(upstream, response, endpoint, out)
         started = time.monotonic()
         state.out = out
+        # Each chunk goes to the hooks only when something reads chunks (a hook, or the usage).
+        chunks_read = d.usage is not None or bool(self.director.config.hooks.response_streaming)
         try:
             await out.prepare(http)
             async for chunk in upstream.content.iter_any():
                 await out.write(chunk)
-                response.chunk = chunk
-                self.director.response_streaming(d, response, endpoint)
+                if chunks_read:
+                    response.chunk = chunk
+                    self.director.response_streaming(d, response, endpoint)
             response.chunk = b""
             response.end_of_stream = True
             await out.write_eof()
