@@ -84,9 +84,9 @@ class _GuardedHandler(RequestHandler):
         if limit and manager is not None and len(manager.connections) > limit:
             log.warning("refusing a connection: the limit of %d open connections is reached", limit)
             message = f"too many open connections (the limit is {limit}); retry later"
-            assert isinstance(transport, asyncio.WriteTransport)
-            transport.write(_raw_error(503, message, "too_many_connections"))
-            transport.close()
+            writer = cast(asyncio.WriteTransport, transport)  # uvloop's: not asyncio's classes
+            writer.write(_raw_error(503, message, "too_many_connections"))
+            writer.close()
             return
         self._arm()
 

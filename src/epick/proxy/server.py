@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
@@ -33,6 +32,7 @@ from epick.datalayer.health import EndpointHealth
 from epick.datalayer.models import ModelCatalog
 from epick.framework import Endpoint, Response
 from epick.proxy.http import AppRunner, json_errors
+from epick.proxy.upstream import Timeouts, UpstreamError, UpstreamResponse, Upstreams
 from epick.requestcontrol import errors
 from epick.requestcontrol.admission import evicted_error
 from epick.requestcontrol.director import (
@@ -113,12 +113,8 @@ class Proxy:
         self.catalog = catalog
         self.options = options
         self.port = options.port
-        self._session: aiohttp.ClientSession | None = None
+        self.upstreams = Upstreams(Timeouts(connect=options.connect_timeout, read=options.read_timeout))
         self._runner: web.AppRunner | None = None
-        # Each attempt's connect and between-chunks limits (the same for every request).
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=options.connect_timeout, sock_read=options.read_timeout
-        )
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.options.max_body_bytes, middlewares=[json_errors])
@@ -128,8 +124,6 @@ class Proxy:
         return app
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60)
-        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         o = self.options
         self._runner = AppRunner(
             self.app(),
@@ -153,8 +147,7 @@ class Proxy:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
-        if self._session is not None:
-            await self._session.close()
+        await self.upstreams.close()
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "endpoints": len(self.datastore.snapshot())})
@@ -283,7 +276,6 @@ class Proxy:
     async def _forward(
         self, http: web.Request, d: Decision, endpoint: Endpoint, path: str, state: _Request
     ) -> web.StreamResponse:
-        assert self._session is not None
         dropped = _dropped(http.headers, _NOT_FORWARDED)
         headers = {k: v for k, v in http.headers.items() if k.lower() not in dropped}
         headers[REQUEST_ID_HEADER] = d.request.request_id
@@ -291,25 +283,28 @@ class Proxy:
         if prefill is not None:
             headers[PREFILL_HEADER] = prefill.host_port
         headers.update(d.result.headers)
-        timeout = self._timeout
-        url = f"http://{endpoint.host_port}{path}"
         response = Response(d.request.request_id, streaming=d.request.body.stream)
         first_byte = self.options.first_byte_timeout
         try:
             async with asyncio.timeout(first_byte):
-                upstream = await self._session.post(url, data=d.body, headers=headers, timeout=timeout)
+                upstream = await self.upstreams.request(
+                    endpoint.address, endpoint.port, path, headers=headers.items(), body=d.body
+                )
         except TimeoutError:
             reason = f"no response within {first_byte:g}s"
             self.health.failed(endpoint.name, reason)
             raise _AttemptFailedError(reason, 504) from None
-        except aiohttp.ClientConnectionError as e:
-            reason = f"cannot connect: {type(e).__name__}: {e}"
+        except UpstreamError as e:
+            reason = f"cannot connect: {e}"
             self.health.unreachable(endpoint.name, reason)
             raise _AttemptFailedError(reason) from None
         try:
             if upstream.status >= 500:
                 self.health.answered(endpoint.name, upstream.status)
-                error_body = await upstream.read()
+                try:
+                    error_body = await upstream.read()
+                except (TimeoutError, UpstreamError):
+                    error_body = b""
                 raise _AttemptFailedError(f"answered {upstream.status}", upstream.status, error_body)
             response.status = upstream.status
             response.headers = dict(upstream.headers)
@@ -322,12 +317,12 @@ class Proxy:
             upstream.release()
 
     async def _whole(
-        self, d: Decision, endpoint: Endpoint, upstream: aiohttp.ClientResponse, response: Response
+        self, d: Decision, endpoint: Endpoint, upstream: UpstreamResponse, response: Response
     ) -> web.Response:
         """A non-streaming response is small: read it whole, so a break can still go to another endpoint."""
         try:
             body = await upstream.read()
-        except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
+        except (TimeoutError, UpstreamError) as e:
             reason = f"response broke off: {type(e).__name__}: {e}"
             self.health.unreachable(endpoint.name, reason)
             raise _AttemptFailedError(reason) from None
@@ -342,14 +337,14 @@ class Proxy:
 
     def _copy_headers(
         self,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamResponse,
         response: Response,
         endpoint: Endpoint,
         out: web.StreamResponse,
     ) -> None:
         # Everything the model server said, but hop-by-hop headers and the length (the relay decides it).
-        dropped = _dropped(upstream.headers, _NOT_RETURNED)
-        for key, value in upstream.headers.items():
+        dropped = _dropped(dict(upstream.headers), _NOT_RETURNED)
+        for key, value in upstream.headers:
             if key.lower() not in dropped:
                 out.headers.add(key, value)
         out.headers.update(response.add_headers)
@@ -361,7 +356,7 @@ class Proxy:
         http: web.Request,
         d: Decision,
         endpoint: Endpoint,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamResponse,
         response: Response,
         *,
         state: _Request,
@@ -374,7 +369,7 @@ class Proxy:
         chunks_read = d.usage is not None or bool(self.director.config.hooks.response_streaming)
         try:
             await out.prepare(http)
-            async for chunk in upstream.content.iter_any():
+            async for chunk in upstream.chunks():
                 await out.write(chunk)
                 if chunks_read:
                     response.chunk = chunk
@@ -382,7 +377,7 @@ class Proxy:
             response.chunk = b""
             response.end_of_stream = True
             await out.write_eof()
-        except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
+        except (TimeoutError, UpstreamError) as e:
             # The model server broke off mid-response: tell the client cleanly, stop choosing the endpoint.
             response.error = f"{type(e).__name__}: {e}"
             self.health.unreachable(endpoint.name, f"response broke off: {response.error}")
