@@ -300,3 +300,25 @@ async def test_start_fails_on_unusable_files(tmp_path: Path) -> None:
             pass
     with pytest.raises(ValueError, match="needs TLS"):
         ExtProcOptions(secure=False, client_ca_path=str(tmp_path / "ca.crt"))
+
+
+@pytest.mark.parametrize("secure", [True, False])
+async def test_a_second_server_cannot_take_the_same_ports(secure: bool) -> None:
+    """gRPC would share a port between two processes (SO_REUSEPORT) and split Envoy's streams between
+    two prefix indexes; epick binds its ports exclusively, and a second bind names the port."""
+    ds = Datastore()
+    director = Director(load_default_config(seed=1), ds)
+    first = ExtProcServer(director, ExtProcOptions(host="127.0.0.1", port=0, health_port=0, secure=secure))
+    await first.start()
+    try:
+        for port, health in ((first.port, 0), (0, first.health_port)):
+            second = ExtProcServer(
+                director, ExtProcOptions(host="127.0.0.1", port=port, health_port=health, secure=secure)
+            )
+            with pytest.raises(
+                OSError, match=r"cannot listen on 127\.0\.0\.1:\d+ for gRPC: the port is in use"
+            ):
+                await second.start()
+            await second.stop()
+    finally:
+        await first.stop()

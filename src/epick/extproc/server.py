@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from epick.extproc.tls import CertificateStore  # imported on start: cryptography only when serving
 
 log = logging.getLogger(__name__)
+# gRPC binds with SO_REUSEPORT by default: a second epick on the same port would start without error
+# and take half of Envoy's streams into a prefix index of its own. Off, the second bind fails.
+_EXCLUSIVE_PORT = [("grpc.so_reuseport", 0)]
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 
@@ -142,17 +145,20 @@ class ExtProcServer:
 
         def listen(server: grpc.aio.Server, port: int, plaintext: bool = False) -> int:
             address = f"{options.host}:{port}"
-            if store is None or plaintext:
-                return int(server.add_insecure_port(address))
-            return int(server.add_secure_port(address, store.credentials()))  # one credentials per port
+            try:
+                if store is None or plaintext:
+                    return int(server.add_insecure_port(address))
+                return int(server.add_secure_port(address, store.credentials()))  # one credentials per port
+            except RuntimeError as e:  # grpc's way of saying the bind failed
+                raise OSError(f"cannot listen on {address} for gRPC: the port is in use ({e})") from None
 
-        self._server = grpc.aio.server(maximum_concurrent_rpcs=options.max_streams)
+        self._server = grpc.aio.server(maximum_concurrent_rpcs=options.max_streams, options=_EXCLUSIVE_PORT)
         pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(self.director), self._server)
         # Health on the ext_proc port too: a gateway health-checks the cluster it sends ext_proc to.
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self.port = listen(self._server, options.port)
         await self._server.start()
-        self._health_server = grpc.aio.server()
+        self._health_server = grpc.aio.server(options=_EXCLUSIVE_PORT)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
         self.health_port = listen(self._health_server, options.health_port, options.health_plaintext)
         await self._health_server.start()
