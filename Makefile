@@ -33,6 +33,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_simulate.py
 	$(BIN)/python benchmarks/bench_flowcontrol.py
 	$(BIN)/python benchmarks/bench_precise.py
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python benchmarks/bench_dataplane.py
 
 demo: $(STAMP)
 	$(BIN)/epick demo

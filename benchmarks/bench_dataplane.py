@@ -249,7 +249,7 @@ def _duration(text: str) -> float:
 def wrk(url: str, script: Path, connections: int, seconds: float, pids: list[int]) -> Run:
     before = cpu_seconds(pids)
     out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--latency", "-s", str(script), url],
+        ["wrk", "-t1", f"-c{connections}", f"-d{round(seconds)}s", "--latency", "-s", str(script), url],
         capture_output=True,
         text=True,
         check=True,
@@ -300,7 +300,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for front in fronts:
                 front.runs.append(wrk(front.url, script, 64, args.seconds, front.pids))
-                front.single.append(wrk(front.url, script, 1, max(1.0, args.seconds / 2), front.pids).p50)
+                front.single.append(wrk(front.url, script, 1, max(1, round(args.seconds / 2)), front.pids).p50)
     report(console, fronts, args)
 
 
