@@ -300,7 +300,8 @@ def main() -> None:
         for _ in range(args.rounds):
             for front in fronts:
                 front.runs.append(wrk(front.url, script, 64, args.seconds, front.pids))
-                front.single.append(wrk(front.url, script, 1, max(1, round(args.seconds / 2)), front.pids).p50)
+                single = wrk(front.url, script, 1, max(1, round(args.seconds / 2)), front.pids)
+                front.single.append(single.p50)
     report(console, fronts, args)
 
 
