@@ -50,6 +50,13 @@ async def server(script: Script) -> AsyncIterator[tuple[int, list[bytes]]]:
         srv.close()
 
 
+async def until(condition: Callable[[], bool], limit: float = 10.0) -> None:
+    """Until `condition()` holds (it is a failure not to within `limit` seconds)."""
+    async with asyncio.timeout(limit):
+        while not condition():
+            await asyncio.sleep(0.001)
+
+
 def ok(body: bytes, *extra: bytes) -> bytes:
     return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n%b\r\n%b" % (len(body), b"".join(extra), body)
 
@@ -244,7 +251,7 @@ async def test_a_response_released_before_its_end_closes_its_connection() -> Non
         r.release()
         assert pool.idle == 0  # half a response on it: the connection cannot carry another
         r = await pool.request("127.0.0.1", port, "/", headers=[], body=b"")
-        await asyncio.sleep(0.05)  # the whole body arrives; released unread, the connection is clean
+        await until(lambda: r._conn.complete)  # the whole body is in; released unread, it is clean
         r.release()
         assert pool.idle == 1 and pool.opened == 2
         r = await pool.request("127.0.0.1", port, "/", headers=[], body=b"")
@@ -269,13 +276,35 @@ async def test_a_slow_reader_pauses_the_server(monkeypatch: pytest.MonkeyPatch) 
     pool = Upstreams()
     async with server(script) as (port, _):
         r = await pool.request("127.0.0.1", port, "/", headers=[], body=b"")
-        await asyncio.sleep(0.3)  # the reader dawdles: the body piles up, then reading pauses
         conn = r._conn
-        assert conn.paused
+        await until(lambda: conn.paused)  # the reader dawdles: the body piles up, reading pauses
         assert conn.buffered < size // 4  # bounded: the server waits instead
         total = 0
         async for chunk in r.chunks():
             total += len(chunk)
         assert total == size and not conn.paused
         r.release()
+    await pool.close()
+
+
+async def test_connections_idle_too_long_are_not_reused() -> None:
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(ok(b"conn %d" % n))
+            await writer.drain()
+
+    pool = Upstreams()
+    async with server(script) as (port, _):
+        for expected in (b"conn 1", b"conn 1"):  # back to back: reused
+            r = await pool.request("127.0.0.1", port, "/", headers=[], body=b"")
+            assert await r.read() == expected
+            r.release()
+        for conn in pool._idle[("127.0.0.1", port)]:  # as if idle longer than the limit
+            conn.idle_since -= upstream_module.IDLE_SECONDS + 1
+        r = await pool.request("127.0.0.1", port, "/", headers=[], body=b"")
+        assert await r.read() == b"conn 2"
+        r.release()
+        assert pool.opened == 2 and pool.idle == 1
     await pool.close()

@@ -34,6 +34,9 @@ import httptools
 
 HIGH_WATER = 256 * 1024  # body bytes buffered unread before reading pauses
 IDLE_PER_SERVER = 256  # idle connections kept per server; more are closed once their response is read
+# An idle connection older than this is not reused: servers close theirs (uvicorn, vLLM's server,
+# after 5 s by default), and one closing just as a request goes out costs a retry.
+IDLE_SECONDS = 4.0
 
 
 class UpstreamError(ConnectionError):
@@ -56,6 +59,7 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.lost: BaseException | None = None  # why the connection ended, once it did
         self.closed = False
+        self.idle_since = 0.0  # event-loop time it went back to the pool
         self._reset()
 
     def _reset(self) -> None:
@@ -264,12 +268,21 @@ class Upstreams:
             return UpstreamResponse(conn, self.timeouts.read)
 
     async def _acquire(self, key: tuple[str, int]) -> tuple[_Connection, bool]:
-        idle = self._idle.get(key)
-        while idle:
-            conn = idle.pop()
-            if not conn.closed:
-                return conn, True
         loop = asyncio.get_running_loop()
+        idle = self._idle.get(key)
+        if idle:
+            now = loop.time()
+            while idle:
+                conn = idle.pop()  # the most recently used first
+                if conn.closed:
+                    continue
+                if now - conn.idle_since > IDLE_SECONDS:
+                    # The rest are older still: none is reused.
+                    for stale in (conn, *idle):
+                        stale.close()
+                    idle.clear()
+                    break
+                return conn, True
         try:
             async with asyncio.timeout(self.timeouts.connect):
                 _, conn = await loop.create_connection(lambda: _Connection(self, key), key[0], key[1])
@@ -288,6 +301,7 @@ class Upstreams:
             idle = self._idle.setdefault(conn.key, [])
             if len(idle) < IDLE_PER_SERVER:
                 conn.recycle()
+                conn.idle_since = asyncio.get_running_loop().time()
                 idle.append(conn)
                 return
         conn.close()
