@@ -21,7 +21,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
 
+from bench_service import free_ports  # this directory is on sys.path when run as a script
 from rich.console import Console
 from rich.table import Table
 
@@ -91,16 +91,6 @@ request = function()
     bodies[(n % #bodies) + 1])
 end
 """)
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [int(s.getsockname()[1]) for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 @contextlib.contextmanager
@@ -273,7 +263,6 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="each run at 64 connections")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 2 s")
     parser.add_argument("--only", default="", help="comma-separated front names to run (default: all)")
-    parser.add_argument("--workers", default="", help="epick serve --workers values to add, e.g. 2")
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.seconds = 2, 2.0
@@ -308,7 +297,7 @@ def main() -> None:
 def start_fronts(
     stack: contextlib.ExitStack, tmp: Path, backends: list[str], args: argparse.Namespace, console: Console
 ) -> list[Front]:
-    """vllm-router (two policies), epick's proxy (configs, workers) and Envoy + epick's ext_proc,
+    """vllm-router (two policies), epick's proxy (two configs) and Envoy + epick's ext_proc,
     each started and answering; those not wanted (`--only`) or not installed are left out."""
     only = {n for n in args.only.split(",") if n}
     fronts: list[Front] = []
@@ -330,9 +319,6 @@ def start_fronts(
     variants: list[tuple[str, list[str]]] = [
         ("epick proxy default", []),
         ("epick proxy round-robin", ["--config-file", str(ROOT / "config" / "round-robin.yaml")]),
-    ]
-    variants += [
-        (f"epick proxy default --workers {w}", ["--workers", w]) for w in args.workers.split(",") if w
     ]
     serve = [*EPICK, "serve", "--endpoints", ",".join(backends), "--log-level", "error"]
     for name, extra in variants:

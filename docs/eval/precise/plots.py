@@ -48,30 +48,35 @@ def delay_plot() -> None:
     fig.savefig(HERE / "delay.png", dpi=110)
 
 
-def ladder_plot() -> None:
+def bar_panels(names: list[tuple[str, str]], policies: list[str], title: str, out: str) -> None:
+    """TTFT p90, output tokens/s and hit rate per policy, one bar per run file (`names`: file, label)."""
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
-    names = [("ladder-kv19208", "19,208 blocks"), ("ladder-kv9600", "9,600 blocks")]
-    policies = [r["policy"] for r in runs(names[0][0])]
-    width = 0.38
+    width = 0.8 / len(names)
     for k, (name, label) in enumerate(names):
         rows = {r["policy"]: r for r in runs(name)}
-        x = [i + (k - 0.5) * width for i in range(len(policies))]
+        x = [i + (k - (len(names) - 1) / 2) * width for i in range(len(policies))]
         axes[0].bar(x, [rows[p]["ttft_s"]["p90"] for p in policies], width, label=label)
         axes[1].bar(x, [rows[p]["output_tokens_per_s"] for p in policies], width, label=label)
         axes[2].bar(x, [100 * rows[p]["prefix_cache_hit_rate"] for p in policies], width, label=label)
-    for ax, title in zip(axes, ("TTFT p90 (s)", "output tokens/s", "prefix hit rate (%)"), strict=True):
+    for ax, panel in zip(axes, ("TTFT p90 (s)", "output tokens/s", "prefix hit rate (%)"), strict=True):
         ax.set_xticks(range(len(policies)), policies, rotation=60, ha="right", fontsize=8)
-        ax.set_title(title)
+        ax.set_title(panel)
         ax.grid(alpha=0.3, axis="y")
     axes[0].set_yscale("log")
     axes[0].legend(fontsize=8)
-    fig.suptitle("llm-d's 73-capacity ladder, prompts recurring (15 QPS x 50 s, then 10/20/30/40 QPS x 30 s)")
+    fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(HERE / "ladder.png", dpi=110)
+    fig.savefig(HERE / out, dpi=110)
+
+
+def ladder_plot() -> None:
+    names = [("ladder-kv19208", "19,208 blocks"), ("ladder-kv9600", "9,600 blocks")]
+    policies = [r["policy"] for r in runs(names[0][0])]
+    title = "llm-d's 73-capacity ladder, prompts recurring (15 QPS x 50 s, then 10/20/30/40 QPS x 30 s)"
+    bar_panels(names, policies, title, "ladder.png")
 
 
 def churn_plot() -> None:
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
     names = [
         ("ladder-kv19208", "no restarts"),
         ("churn-every60", "every 60 s, unnoticed"),
@@ -79,22 +84,8 @@ def churn_plot() -> None:
         ("churn-every20-down10", "every 20 s, 10 s out of the pool"),
     ]
     policies = [r["policy"] for r in runs(names[1][0])]
-    width = 0.2
-    for k, (name, label) in enumerate(names):
-        rows = {r["policy"]: r for r in runs(name)}
-        x = [i + (k - 1.5) * width for i in range(len(policies))]
-        axes[0].bar(x, [rows[p]["ttft_s"]["p90"] for p in policies], width, label=label)
-        axes[1].bar(x, [rows[p]["output_tokens_per_s"] for p in policies], width, label=label)
-        axes[2].bar(x, [100 * rows[p]["prefix_cache_hit_rate"] for p in policies], width, label=label)
-    for ax, title in zip(axes, ("TTFT p90 (s)", "output tokens/s", "prefix hit rate (%)"), strict=True):
-        ax.set_xticks(range(len(policies)), policies, rotation=60, ha="right", fontsize=8)
-        ax.set_title(title)
-        ax.grid(alpha=0.3, axis="y")
-    axes[0].set_yscale("log")
-    axes[0].legend(fontsize=8)
-    fig.suptitle("llm-d's ladder at 19,208 blocks per server, servers restarting in turn")
-    fig.tight_layout()
-    fig.savefig(HERE / "churn.png", dpi=110)
+    title = "llm-d's ladder at 19,208 blocks per server, servers restarting in turn"
+    bar_panels(names, policies, title, "churn.png")
 
 
 if __name__ == "__main__":
