@@ -122,7 +122,8 @@ class Exchange:
     director: Director
     modes: Modes = field(default_factory=Modes)
     headers: dict[str, str] = field(default_factory=dict)
-    body: bytearray = field(default_factory=bytearray)
+    pieces: list[bytes] = field(default_factory=list)  # the request body as it came
+    size: int = 0  # its length so far
     unanswered_chunks: int = 0  # body messages not yet answered (headers answered late)
     chunks: int = 0
     decision: Decision | None = None
@@ -135,6 +136,16 @@ class Exchange:
     # the answer asked Envoy for less than the whole response (`mode_override`).
     needs: ResponseNeeds = ResponseNeeds.BODY
     overridden: bool = False
+
+    @property
+    def body(self) -> bytes:
+        """The request body received: its one message as it came (no copy), or the messages joined."""
+        pieces = self.pieces
+        if len(pieces) == 1:
+            return pieces[0]
+        joined = b"".join(pieces)
+        self.pieces = [joined] if joined else []
+        return joined
 
     def handle(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
         if message.HasField("protocol_config"):
@@ -182,11 +193,12 @@ class Exchange:
     def _request_body(self, message: pb.HttpBody) -> list[pb.ProcessingResponse]:
         if self.decision is not None:  # more body after routing: only a partial buffer does this
             return [pb.ProcessingResponse(request_body=pb.BodyResponse())]
-        self.body += message.body
+        self.pieces.append(message.body)
+        self.size += len(message.body)
         self.chunks += 1
         limit = self.director.max_body_bytes
-        if len(self.body) > limit:
-            return self._fail(too_large(len(self.body), limit))
+        if self.size > limit:
+            return self._fail(too_large(self.size, limit))
         whole = message.end_of_stream or self.modes.request_body in (BUFFERED, BUFFERED_PARTIAL)
         if whole:
             return self._route(phase="body", more=not message.end_of_stream)
@@ -218,7 +230,7 @@ class Exchange:
         if self.director.needs_async:
             self.pending = (phase, more)  # flow control or a tokenizer call: see `admit`
             return []
-        received = bytes(self.body)
+        received = self.body
         try:
             decision = self.director.decide(received, self.headers, _path(self.headers))
         except RequestError as e:
@@ -233,7 +245,7 @@ class Exchange:
         assert self.pending is not None
         phase, more = self.pending
         self.pending = None
-        received = bytes(self.body)
+        received = self.body
         try:
             decision = await self.director.decide_async(received, self.headers, _path(self.headers))
         except RequestError as e:
