@@ -343,7 +343,7 @@ class Proxy:
         out: web.StreamResponse,
     ) -> None:
         # Everything the model server said, but hop-by-hop headers and the length (the relay decides it).
-        dropped = _dropped(dict(upstream.headers), _NOT_RETURNED)
+        dropped = _dropped(response.headers, _NOT_RETURNED)
         for key, value in upstream.headers:
             if key.lower() not in dropped:
                 out.headers.add(key, value)

@@ -87,9 +87,6 @@ class _Connection(asyncio.Protocol):
             self._fail(UpstreamError(f"malformed HTTP response: {e}"))
             self.close()
 
-    def eof_received(self) -> bool | None:
-        return None  # close the transport: connection_lost follows
-
     def connection_lost(self, exc: BaseException | None) -> None:
         self.closed = True
         self.pool._forget(self)
@@ -102,12 +99,6 @@ class _Connection(asyncio.Protocol):
             if exc is not None:
                 reason += f": {exc}"
             self._fail(UpstreamError(reason))
-
-    def pause_writing(self) -> None:  # a request body never outgrows the socket buffer for long
-        pass
-
-    def resume_writing(self) -> None:
-        pass
 
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:

@@ -13,12 +13,12 @@ from epick.config import LoadedConfig
 from epick.datalayer.datastore import Datastore
 from epick.flowcontrol import FlowItem, FlowObserver
 from epick.flowcontrol.registry import BandStats
-from epick.framework import InferenceRequest, Plugin, TypedName, Usage
+from epick.framework import InferenceRequest, Plugin, Usage
 from epick.framework.flowcontrol import FlowKey
 from epick.plugins.prefix.precise import PrecisePrefixCacheProducer
 from epick.plugins.prefix.scorer import PrefixCacheScorer
 from epick.requestcontrol.director import Observer
-from epick.requestcontrol.series import Counters, Histograms, HistogramSeries
+from epick.requestcontrol.series import Counters, Histograms
 
 # GIE's token-count buckets (pkg/epp/metrics/metrics.go).
 TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536, 131072, 262144,
@@ -184,18 +184,11 @@ class EppMetrics(Observer):
             buckets=SCHEDULER_BUCKETS,
             registry=r,
         )
-        self._plugin_series: dict[tuple[str, TypedName], HistogramSeries] = {}
 
     def observe(self, extension_point: str, plugin: Plugin, seconds: float) -> None:
         """The scheduler's `PluginTimer`: one observation per plugin call."""
         name = plugin.typed_name
-        key = (extension_point, name)
-        series = self._plugin_series.get(key)
-        if series is None:
-            series = self._plugin_series[key] = self.plugin_duration.series(
-                extension_point, name.type, name.name
-            )
-        series.observe(seconds)
+        self.plugin_duration.series(extension_point, name.type, name.name).observe(seconds)
 
     def scheduled(self, request: InferenceRequest, seconds: float) -> None:
         self._e2e.observe(seconds)
