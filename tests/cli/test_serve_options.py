@@ -1,0 +1,22 @@
+"""`epick serve`'s flags for how much of each response is read: usage metrics and outlier detection."""
+
+from __future__ import annotations
+
+from epick.cli.main import build_parser
+from epick.cli.serve import ServeOptions, options_from
+
+
+def options(*flags: str) -> ServeOptions:
+    return options_from(build_parser().parse_args(["serve", "--endpoints", "127.0.0.1:8000", *flags]))
+
+
+def test_usage_metrics_and_outlier_detection_are_on_by_default() -> None:
+    o = options()
+    assert o.usage_metrics is True
+    assert o.outliers.consecutive_failures == 5 and o.outliers.counts_statuses
+
+
+def test_both_can_be_turned_off() -> None:
+    o = options("--no-usage-metrics", "--outlier-consecutive-5xx", "0")
+    assert o.usage_metrics is False
+    assert not o.outliers.counts_statuses
