@@ -33,11 +33,6 @@ PENDING: dict[str, set[str]] = {
     "llm-d-guides/predicted-latency-routing-predicted-latency-slo.yaml": set(LATENCY),
     "llm-d-guides/predicted-latency.yaml": {"latency-scorer", "predicted-latency-producer"},
     "llm-d-router/chart-latency-predictor.yaml": set(LATENCY),
-    "llm-d-router/deploy-epp-burst-prefix-cache-config.yaml": {"burst-prefix-cache-producer"},
-    "llm-d-router/deploy-epp-mm-embeddings-cache-config.yaml": {
-        "mm-embeddings-cache-producer",
-        "mm-embeddings-cache-scorer",
-    },
     "llm-d-router/plugins-readme-multicluster.yaml": {
         "multicluster-file-discovery",
         "multicluster-kv-cache-utilization-scorer",

@@ -54,6 +54,7 @@ from epick.plugins.filters.utilization import UtilizationDetector, UtilizationPa
 from epick.plugins.filters.utilization_filter import UtilizationFilter, UtilizationFilterParameters
 from epick.plugins.load.concurrency import ConcurrencyDetector, ConcurrencyParameters
 from epick.plugins.load.inflight import InFlightLoadProducer
+from epick.plugins.multimodal.scorer import MMEmbeddingsCacheScorer
 from epick.plugins.pickers.max_score import MaxScorePicker
 from epick.plugins.pickers.random_picker import RandomPicker
 from epick.plugins.pickers.round_robin import RoundRobinPicker
@@ -183,6 +184,7 @@ def every_scorer(clock: FakeClock, inflight: InFlightLoadProducer | None = None)
         HeaderLabelAffinityScorer(None, SESSION_HEADER, LABEL_KEYS[0]),
         ContextLengthAware(label=LABEL_KEYS[0]),
         PrecisePrefixCacheScorer(),
+        MMEmbeddingsCacheScorer(),
     ]
 
 
@@ -284,7 +286,7 @@ def test_scores_are_in_unit_interval_for_valid_metrics(
 @given(
     request=requests(),
     endpoints=endpoint_lists(wild=True),
-    weights=st.lists(st.floats(0.0, 10.0), min_size=16, max_size=16),
+    weights=st.lists(st.floats(0.0, 10.0), min_size=17, max_size=17),
     seed=st.integers(0, 2**16),
 )
 def test_scores_after_the_runtime_clamps_are_in_unit_interval(

@@ -10,6 +10,7 @@ from epick.config.datalayer import DataLayerPlan
 from epick.flowcontrol import FlowControlSettings
 from epick.framework import (
     Admitter,
+    BatchingProducer,
     DataProducer,
     ParserSet,
     Plugin,
@@ -33,6 +34,7 @@ class RequestHooks:
     screeners: list[Screener] = field(default_factory=list)
     producers: list[DataProducer] = field(default_factory=list)
     remote_tokenizers: list[RemoteTokenizer] = field(default_factory=list)
+    batching: list[BatchingProducer] = field(default_factory=list)
     admitters: list[Admitter] = field(default_factory=list)
     pre_request: list[PreRequest] = field(default_factory=list)
     response_received: list[ResponseReceived] = field(default_factory=list)
@@ -51,6 +53,8 @@ class RequestHooks:
                 hooks.producers.append(p)
             if isinstance(p, RemoteTokenizer) and p.remote:
                 hooks.remote_tokenizers.append(p)
+            if isinstance(p, BatchingProducer):
+                hooks.batching.append(p)
             if isinstance(p, Admitter):
                 hooks.admitters.append(p)
             if isinstance(p, PreRequest):

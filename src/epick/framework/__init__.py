@@ -8,6 +8,7 @@ from epick.framework.endpoint import ROLE_LABEL, Endpoint, Metrics
 from epick.framework.errors import EndpointsFilteredError, NoEndpointsError, SchedulingError
 from epick.framework.interfaces import (
     Admitter,
+    BatchingProducer,
     DataProducer,
     EndpointRemoved,
     Filter,
@@ -46,6 +47,7 @@ __all__ = [
     "ROLE_LABEL",
     "Admitter",
     "BadRequestError",
+    "BatchingProducer",
     "ChatMessage",
     "CycleState",
     "DataProducer",

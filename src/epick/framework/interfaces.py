@@ -101,6 +101,18 @@ class DataProducer(Plugin, Protocol):
 
 
 @runtime_checkable
+class BatchingProducer(Plugin, Protocol):
+    """A data producer that must see the requests arriving with this one before it can produce
+    (upstream's burst batching): the front end awaits `collect` before the request is scheduled, on
+    its event loop, and the producer's `produce` then writes what the batch decided. A `collect` that
+    raises makes that `produce` raise (the later producers are skipped, as upstream's rule for a
+    failing producer); a request whose `collect` never ran (a retry, a synchronous caller) is
+    produced as if it had arrived alone."""
+
+    async def collect(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None: ...
+
+
+@runtime_checkable
 class RequestHeaderProcessor(Plugin, Protocol):
     """Reads a request's headers first, before admission (upstream's `RequestHeaderProcessor`), and
     publishes what it finds in the cycle state for the plugins after it."""

@@ -23,9 +23,11 @@ from epick.plugins.filters import endpoint_attribute as endpoint_attribute_filte
 from epick.plugins.filters import topology_affinity as topology_affinity_filter
 from epick.plugins.flowcontrol import eviction, fairness, ordering, program_aware, usage_limits
 from epick.plugins.load import concurrency, inflight
+from epick.plugins.multimodal import producer as mm_producer
+from epick.plugins.multimodal import scorer as mm_scorer
 from epick.plugins.parsers import anthropic, openai, passthrough, sglanghttp, vertexai, vllmgrpc, vllmhttp
 from epick.plugins.pickers import max_score, random_picker, round_robin, weighted_random
-from epick.plugins.prefix import precise, precise_scorer
+from epick.plugins.prefix import burst, precise, precise_scorer
 from epick.plugins.prefix import producer as prefix_producer
 from epick.plugins.prefix import scorer as prefix_scorer
 from epick.plugins.prerequest import prefill_header
@@ -136,6 +138,9 @@ def in_tree_plugins() -> list[PluginSpec]:
         usage_limits.SOFT_REFLECTIVE_CEILING_SPEC,
         eviction.SHEDDABLE_FILTER_SPEC,
         eviction.PRIORITY_THEN_TIME_SPEC,
+        mm_producer.SPEC,
+        mm_scorer.SPEC,
+        burst.SPEC,
     ]
 
 

@@ -255,22 +255,28 @@ class Director:
 
     @property
     def needs_async(self) -> bool:
-        """Whether deciding waits on something: flow control, or a model server's tokenizer."""
-        return self.admission is not None or bool(self.config.hooks.remote_tokenizers)
+        """Whether deciding waits on something: flow control, a model server's tokenizer, or a
+        producer's batch."""
+        hooks = self.config.hooks
+        return self.admission is not None or bool(hooks.remote_tokenizers or hooks.batching)
 
     async def decide_async(
         self, body: bytes, headers: Mapping[str, str], path: str = DEFAULT_PATH
     ) -> Decision:
-        """`decide`, with the token ids a model server gives (when a token producer asks one), and
-        waiting in flow control when it is on (until the request is dispatched, refused, expires,
+        """`decide`, with the token ids a model server gives (when a token producer asks one), after
+        the batching producers have seen the request's batch (before flow control), and waiting in
+        flow control when it is on (until the request is dispatched, refused, expires,
         or the caller is cancelled: then it leaves its queue at once)."""
         admission = self.admission
-        remote = self.config.hooks.remote_tokenizers
-        if admission is None and not remote:
+        hooks = self.config.hooks
+        remote, batching = hooks.remote_tokenizers, hooks.batching
+        if admission is None and not remote and not batching:
             return self.decide(body, headers, path)
         request, body, client_model, parser, read_response = self._begin(body, headers, path)
         if remote:
             await self.tokenization.tokenize(request, remote)
+        if batching:
+            await self.path.collect(request, batching, self.datastore.snapshot())
         if admission is None:
             return self._scheduled(request, body, client_model, parser, read_response)
         cycle_state, fairness = self.path.prepare(request)

@@ -9,6 +9,7 @@ no I/O and reads no clock but the one that times the scheduler for metrics.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -16,6 +17,7 @@ from typing import Any
 
 from epick.config import LoadedConfig
 from epick.framework import (
+    BatchingProducer,
     CycleState,
     Endpoint,
     EndpointsFilteredError,
@@ -159,6 +161,24 @@ class RequestPath:
         if len(kept) == len(endpoints):
             return candidates
         return tuple(ep for ep in endpoints if id(ep) in kept)
+
+    async def collect(
+        self, request: InferenceRequest, batching: Sequence[BatchingProducer], candidates: Snapshot
+    ) -> None:
+        """Let each batching producer see the request among those arriving with it. One that fails
+        has logged why; its `produce` fails in turn."""
+        for producer in batching:
+            try:
+                await producer.collect(request, candidates.endpoints)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning(
+                    "data producer %s could not batch request %s: %s",
+                    producer.typed_name,
+                    request.request_id,
+                    e,
+                )
 
     def produce(
         self, request: InferenceRequest, cycle_state: CycleState, candidates: Snapshot | Sequence[Endpoint]

@@ -53,6 +53,7 @@ class VllmHttpParser(NamedPlugin):
             max_tokens=count_of(sampling, "max_tokens"),
             source=lambda: " ".join(map(str, ids)),
             token_ids=ids,
+            raw=raw,
         )
         return ParsedRequest(body_, model, raw)
 

@@ -41,7 +41,7 @@ from epick.plugins.registry import Handle, Parameters, PluginSpec, producer_for
 TYPE = "prefix-cache-scorer"
 MATCH_DATA_TYPE = "PrefixCacheMatchInfoDataKey"  # upstream's data type of a prefix-match producer's output
 DEFAULT_PRODUCER = "approx-prefix-cache-producer"
-MATCH_PRODUCER_TYPES = (DEFAULT_PRODUCER, "precise-prefix-cache-producer")
+MATCH_PRODUCER_TYPES = (DEFAULT_PRODUCER, "precise-prefix-cache-producer", "burst-prefix-cache-producer")
 
 
 class PrefixCacheParameters(Parameters):

@@ -1,0 +1,1 @@
+"""Multimodal embeddings: which endpoint already encoded the request's images, audio and video."""
