@@ -33,14 +33,6 @@ PENDING: dict[str, set[str]] = {
     "llm-d-guides/predicted-latency-routing-predicted-latency-slo.yaml": set(LATENCY),
     "llm-d-guides/predicted-latency.yaml": {"latency-scorer", "predicted-latency-producer"},
     "llm-d-router/chart-latency-predictor.yaml": set(LATENCY),
-    "llm-d-router/plugins-readme-multicluster.yaml": {
-        "multicluster-file-discovery",
-        "multicluster-kv-cache-utilization-scorer",
-        "multicluster-metrics-data-source",
-        "multicluster-metrics-extractor",
-        "multicluster-queue-scorer",
-        "multicluster-session-affinity-filter",
-    },
     "llm-d-router/test-wellknown-predicted-latency-slo.yaml": set(LATENCY),
 }
 

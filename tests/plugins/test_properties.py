@@ -60,7 +60,7 @@ from epick.plugins.pickers.random_picker import RandomPicker
 from epick.plugins.pickers.round_robin import RoundRobinPicker
 from epick.plugins.pickers.weighted_random import WeightedRandomPicker
 from epick.plugins.prefix.precise_scorer import PrecisePrefixCacheScorer
-from epick.plugins.prefix.scorer import PrefixCacheScorer
+from epick.plugins.prefix.scorer import MultiClusterPrefixCacheScorer, PrefixCacheScorer
 from epick.plugins.scorers.active_request import ActiveRequestScorer
 from epick.plugins.scorers.context_length_aware import ContextLengthAware
 from epick.plugins.scorers.endpoint_attribute import EndpointAttributeScorer
@@ -68,13 +68,14 @@ from epick.plugins.scorers.header_label_affinity import HeaderLabelAffinityScore
 from epick.plugins.scorers.kv_cache import KVCacheUtilizationScorer
 from epick.plugins.scorers.load_aware import LoadAwareScorer
 from epick.plugins.scorers.lora_affinity import LoraAffinityScorer
+from epick.plugins.scorers.multicluster import MultiClusterKVCacheUtilizationScorer, MultiClusterQueueScorer
 from epick.plugins.scorers.no_hit_lru import NoHitLruScorer
 from epick.plugins.scorers.queue import QueueScorer
 from epick.plugins.scorers.running_requests import RunningRequestsSizeScorer
 from epick.plugins.scorers.session_affinity import SESSION_HEADER, SessionAffinityScorer, session_token
 from epick.plugins.scorers.token_load import TokenLoadScorer
 from epick.plugins.scorers.topology_affinity import TopologyAffinityScorer
-from epick.plugins.session.filter import SessionAffinityFilter
+from epick.plugins.session.filter import MultiClusterSessionAffinityFilter, SessionAffinityFilter
 from tests.builders import make_endpoint, make_profile, make_request, make_scheduler
 
 PROPERTY = settings(deadline=None, max_examples=100, derandomize=True, database=None)
@@ -185,6 +186,9 @@ def every_scorer(clock: FakeClock, inflight: InFlightLoadProducer | None = None)
         ContextLengthAware(label=LABEL_KEYS[0]),
         PrecisePrefixCacheScorer(),
         MMEmbeddingsCacheScorer(),
+        MultiClusterQueueScorer(),
+        MultiClusterKVCacheUtilizationScorer(),
+        MultiClusterPrefixCacheScorer(block_size_tokens=1, lru_capacity_per_server=20),
     ]
 
 
@@ -223,6 +227,7 @@ REQUIRED_PARAMETERS = {
     "decision-tree": _TREE,
     "k8s-notification-source": {"version": "v1", "kind": "Pod"},
     "file-discovery": {"path": "endpoints.yaml"},
+    "multicluster-file-discovery": {"path": "clusters.yaml"},
     "priority-holdback-policy": {"minCeiling": 0.4},
 }
 
@@ -286,7 +291,7 @@ def test_scores_are_in_unit_interval_for_valid_metrics(
 @given(
     request=requests(),
     endpoints=endpoint_lists(wild=True),
-    weights=st.lists(st.floats(0.0, 10.0), min_size=17, max_size=17),
+    weights=st.lists(st.floats(0.0, 10.0), min_size=20, max_size=20),
     seed=st.integers(0, 2**16),
 )
 def test_scores_after_the_runtime_clamps_are_in_unit_interval(
@@ -362,6 +367,7 @@ def some_filters(selector: LabelSelectorParameters, params: UtilizationParameter
             ),
         ),
         SessionAffinityFilter(),
+        MultiClusterSessionAffinityFilter(),
         ConcurrencyDetector(params=ConcurrencyParameters(max_concurrency=1)),
         PrefixCacheAffinityFilter(prefix_producer="approx-prefix-cache-producer"),
         EndpointAttributeFilter(

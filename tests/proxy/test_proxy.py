@@ -259,6 +259,7 @@ async def test_control_headers_are_not_forwarded(
         "x-prefiller-host-port": "10.9.9.9:80",  # a client must not point decode at a host
         "x-encoder-hosts-ports": "10.9.9.9:80",  # nor at an encoder
         "x-data-parallel-host-port": "10.9.9.9:80",  # nor at a data-parallel rank
+        "x-kv-cache-source-host-port": "10.9.9.9:80",  # nor name a KV source
         "Connection": "x-dropped",  # names a hop-by-hop header
         "x-dropped": "1",
         "x-request-id": "req-42",
@@ -274,6 +275,7 @@ async def test_control_headers_are_not_forwarded(
     assert not any(k.startswith("x-gateway-") for k in seen)
     assert "x-prefiller-host-port" not in seen and "x-dropped" not in seen
     assert "x-encoder-hosts-ports" not in seen and "x-data-parallel-host-port" not in seen
+    assert "x-kv-cache-source-host-port" not in seen
     assert "x-hop" not in r.headers  # the model server's Connection-named header stops here too
     assert seen["x-request-id"] == "req-42"
     assert seen["authorization"] == "Bearer secret" and seen["x-custom"] == "kept"

@@ -24,6 +24,7 @@ from epick.framework.datalayer import (
     ResourceNotificationSource,
 )
 from epick.plugins.datalayer.file_discovery import FileDiscovery
+from epick.plugins.datalayer.multicluster import MultiClusterMetricsDataSource
 
 METRICS_SOURCE = "metrics-data-source"
 CORE_EXTRACTOR = "core-metrics-extractor"
@@ -131,6 +132,7 @@ class DataLayerBuilder:
                 self.warn(
                     f"plugin {name!r} ({plugin.typed_name.type}) is not used: no {where} source lists it"
                 )
+        self._check_consumers(polled)
         core = [p for p in polled if p.reads_core_metrics]
         if len(core) > 1:
             names = ", ".join(repr(p.source.typed_name.name) for p in core)
@@ -152,7 +154,31 @@ class DataLayerBuilder:
         )
         return DataLayerPlan(tuple(polled), tuple(endpoint_extractors), discovery, injected, fingerprint)
 
+    def _check_consumers(self, polled: list[PolledSource]) -> None:
+        """A plugin that reads attributes no bound extractor produces is an error (upstream's loader
+        fails on a consumed data key without a producer)."""
+        produced = {
+            key for p in polled for e in p.extractors for key in getattr(e, "produces_attributes", ())
+        }
+        for i, entry in enumerate(self.doc.plugins):
+            plugin = self.instances.get(entry.name or entry.type)
+            for key in sorted(getattr(plugin, "consumes_attributes", ())):
+                if key not in produced:
+                    assert plugin is not None
+                    self.fail(
+                        f"plugins[{i}]",
+                        f"plugin {plugin.typed_name.name!r} ({plugin.typed_name.type}) reads attribute "
+                        f"{key!r}, which no extractor of the data layer produces",
+                        "bind an extractor that produces it to a source under dataLayer.sources "
+                        "(for the multicluster scorers: multicluster-metrics-extractor on "
+                        "multicluster-metrics-data-source)",
+                    )
+
     def _inject(self, section: DataLayerSection | None, sources: list[DataLayerSource]) -> bool:
+        if any(isinstance(self.instances.get(s.plugin_ref), MultiClusterMetricsDataSource) for s in sources):
+            # Peer clusters' gateways serve no model-server metrics: the default core-metrics source
+            # would only fail against them (upstream injects it anyway; its failures are logged).
+            return False
         llmd = self.doc.api_version.startswith(LLMD_GROUP)
         if llmd:
             if section is not None and section.inject_defaults is False:

@@ -13,6 +13,7 @@ from epick.requestcontrol.director import (
     DATA_PARALLEL_HEADER,
     DESTINATION_HEADER,
     ENCODER_HEADER,
+    KV_SOURCE_HEADER,
     PREFILL_HEADER,
     Decision,
 )
@@ -23,7 +24,9 @@ LB_NAMESPACE = "envoy.lb"
 # per chunk (gateway-api-inference-extension, pkg/common/envoy/chunking.go), and so does epick.
 CHUNK_BYTES = 62_000
 # Routing headers a client may not set: epick sets them, or removes what the client sent.
-ROUTING_HEADERS = frozenset(CONTROL_HEADERS | {PREFILL_HEADER, ENCODER_HEADER, DATA_PARALLEL_HEADER})
+ROUTING_HEADERS = frozenset(
+    CONTROL_HEADERS | {PREFILL_HEADER, ENCODER_HEADER, DATA_PARALLEL_HEADER, KV_SOURCE_HEADER}
+)
 
 
 def header(key: str, value: str) -> base_pb2.HeaderValueOption:
@@ -49,7 +52,7 @@ def routing(decision: Decision, *, content_length: int | None) -> pb.CommonRespo
     if prefill is not None:
         sets.append(header(PREFILL_HEADER, prefill.host_port))
         removes.discard(PREFILL_HEADER)
-    for name, value in decision.result.headers.items():
+    for name, value in decision.result.forwarded_headers.items():
         sets.append(header(name, value))
         removes.discard(name)
     if content_length is not None:

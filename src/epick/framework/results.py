@@ -78,6 +78,14 @@ class SchedulingResult:
     # Request headers the decision sets on the forwarded request beside the prefill header (e.g.
     # `x-encoder-hosts-ports`, `x-data-parallel-host-port`), set by the profile handler.
     headers: Mapping[str, str] = field(default_factory=dict)
+    # Request headers PreRequest hooks add (upstream's PreRequest plugins write the request's
+    # headers; e.g. `p2p-source-producer`'s `x-kv-cache-source-host-port`).
+    hook_headers: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def forwarded_headers(self) -> Mapping[str, str]:
+        """Every header the decision sets on the forwarded request but the prefill header."""
+        return {**self.headers, **self.hook_headers} if self.hook_headers else self.headers
 
     @property
     def primary(self) -> ProfileRunResult:

@@ -116,6 +116,20 @@ class BlockIndex:
                 out[pod] = out.get(pod, 0) + 1
         return out
 
+    def tier_runs(self, keys: Sequence[int], pod: str) -> dict[str, int]:
+        """Per device tier, how many of `keys` from the first `pod` holds on that tier without a gap
+        (a block held on two tiers counts on both; upstream's `matchedBlockCountByTier`)."""
+        counts: dict[str, int] = {}
+        alive: set[str] | None = None
+        for key in keys:
+            here = {tier for holder, tier in self._keys.get(key, ()) if holder == pod}
+            alive = here if alive is None else alive & here
+            if not alive:
+                break
+            for tier in alive:
+                counts[tier] = counts.get(tier, 0) + 1
+        return counts
+
     def longest_prefix(
         self,
         keys: Sequence[int],

@@ -10,6 +10,7 @@ from epick.plugins.datalayer import (
     notifications,
     topology,
 )
+from epick.plugins.datalayer import multicluster as multicluster_datalayer
 from epick.plugins.filters import (
     by_label,
     classic,
@@ -27,7 +28,7 @@ from epick.plugins.multimodal import producer as mm_producer
 from epick.plugins.multimodal import scorer as mm_scorer
 from epick.plugins.parsers import anthropic, openai, passthrough, sglanghttp, vertexai, vllmgrpc, vllmhttp
 from epick.plugins.pickers import max_score, random_picker, round_robin, weighted_random
-from epick.plugins.prefix import burst, precise, precise_scorer
+from epick.plugins.prefix import burst, p2p_source, precise, precise_scorer
 from epick.plugins.prefix import producer as prefix_producer
 from epick.plugins.prefix import scorer as prefix_scorer
 from epick.plugins.prerequest import prefill_header
@@ -49,6 +50,7 @@ from epick.plugins.scorers import (
     token_load,
 )
 from epick.plugins.scorers import endpoint_attribute as endpoint_attribute_scorer
+from epick.plugins.scorers import multicluster as multicluster_scorers
 from epick.plugins.scorers import topology_affinity as topology_affinity_scorer
 from epick.plugins.screeners import disaggregatedset_rollout
 from epick.plugins.session import filter as session_filter
@@ -141,6 +143,15 @@ def in_tree_plugins() -> list[PluginSpec]:
         mm_producer.SPEC,
         mm_scorer.SPEC,
         burst.SPEC,
+        multicluster_datalayer.DISCOVERY_SPEC,
+        multicluster_datalayer.SOURCE_SPEC,
+        multicluster_datalayer.EXTRACTOR_SPEC,
+        multicluster_scorers.QUEUE_SPEC,
+        multicluster_scorers.KV_SPEC,
+        session_filter.MULTICLUSTER_SPEC,
+        prefix_producer.MULTICLUSTER_SPEC,
+        prefix_scorer.MULTICLUSTER_SPEC,
+        p2p_source.SPEC,
     ]
 
 

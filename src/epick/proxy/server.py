@@ -282,7 +282,7 @@ class Proxy:
         prefill = d.prefill
         if prefill is not None:
             headers[PREFILL_HEADER] = prefill.host_port
-        headers.update(d.result.headers)
+        headers.update(d.result.forwarded_headers)
         response = Response(d.request.request_id, streaming=d.request.body.stream)
         first_byte = self.options.first_byte_timeout
         try:

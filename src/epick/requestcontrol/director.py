@@ -53,6 +53,7 @@ DESTINATION_HEADER = "x-gateway-destination-endpoint"
 PREFILL_HEADER = "x-prefiller-host-port"
 ENCODER_HEADER = "x-encoder-hosts-ports"
 DATA_PARALLEL_HEADER = "x-data-parallel-host-port"
+KV_SOURCE_HEADER = "x-kv-cache-source-host-port"  # p2p-source-producer: the peer to pull KV from
 REQUEST_ID_HEADER = "x-request-id"
 DEFAULT_PATH = "/v1/completions"  # a request with no path (upstream's default too)
 CONTROL_HEADERS = frozenset(
@@ -67,7 +68,14 @@ CONTROL_HEADERS = frozenset(
 # Headers only epick may set: a client's are dropped before plugins see the request, and before it is
 # forwarded (a client must not steer routing, nor point a decode server at a prefill host).
 UNTRUSTED_HEADERS = frozenset(
-    {DESTINATION_HEADER, PREFILL_HEADER, ENCODER_HEADER, DATA_PARALLEL_HEADER, MODEL_REWRITE_HEADER}
+    {
+        DESTINATION_HEADER,
+        PREFILL_HEADER,
+        ENCODER_HEADER,
+        DATA_PARALLEL_HEADER,
+        KV_SOURCE_HEADER,
+        MODEL_REWRITE_HEADER,
+    }
 )
 
 

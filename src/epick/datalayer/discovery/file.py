@@ -16,7 +16,7 @@ import os
 
 from epick.datalayer.datastore import Datastore, EndpointSpec
 from epick.datalayer.discovery.static import DiscoveryError
-from epick.plugins.datalayer.file_discovery import EndpointsFileError, FileDiscovery, parse_endpoints_file
+from epick.plugins.datalayer.file_discovery import EndpointsFileError, FileDiscovery
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +47,9 @@ class FileDiscoveryRunner:
         try:
             with open(self.path, "rb") as f:
                 data = f.read()
-            found, errors = parse_endpoints_file(data)
+            found, errors = self.plugin.parse(data)
         except (OSError, EndpointsFileError, ValueError, TypeError, RecursionError) as e:
-            message = f"file-discovery: {self.path}: {e}"
+            message = f"{self.plugin.typed_name.type}: {self.path}: {e}"
             if initial:
                 raise DiscoveryError(message) from None
             log.error("%s; keeping the endpoints from the last load", message)
@@ -58,7 +58,7 @@ class FileDiscoveryRunner:
         self.datastore.replace_all(specs)
         self.loads += 1
         if errors:
-            message = f"file-discovery: {self.path}: " + "; ".join(errors)
+            message = f"{self.plugin.typed_name.type}: {self.path}: " + "; ".join(errors)
             if initial:
                 raise DiscoveryError(f"{message} (initial load failed)")
             log.error("%s (skipped)", message)

@@ -18,6 +18,7 @@ logged and the rest applies (upstream's rules). The service's data layer reads a
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -48,9 +49,10 @@ class EndpointsFileError(ValueError):
     """The file cannot be read as an endpoints list at all."""
 
 
-def parse_endpoints_file(data: bytes) -> tuple[list[FileEndpoint], list[str]]:
+def parse_endpoints_file(data: bytes, *, hostnames: bool = False) -> tuple[list[FileEndpoint], list[str]]:
     """(the valid endpoints, one error per bad entry naming it). Raises `EndpointsFileError` when
-    the document itself is wrong."""
+    the document itself is wrong. `hostnames`: an address may be an IPv6 address or a DNS name too
+    (`multicluster-file-discovery`'s rule), not only an IPv4 address."""
     if len(data) > MAX_FILE_BYTES:
         raise EndpointsFileError(f"endpoints file exceeds 1 MiB ({len(data)} bytes)")
     try:
@@ -71,7 +73,7 @@ def parse_endpoints_file(data: bytes) -> tuple[list[FileEndpoint], list[str]]:
     errors: list[str] = []
     for i, entry in enumerate(entries):
         try:
-            ep = _entry(entry)
+            ep = _entry(entry, hostnames)
         except ValueError as e:
             errors.append(f"endpoints[{i}]: {e}")
             continue
@@ -79,7 +81,20 @@ def parse_endpoints_file(data: bytes) -> tuple[list[FileEndpoint], list[str]]:
     return list(found.values()), errors
 
 
-def _entry(entry: object) -> FileEndpoint:
+def is_host(address: str) -> bool:
+    """An IP address (v4 or v6) or a DNS-1123 subdomain: lower-case labels of letters, digits and
+    inner hyphens, dot-separated, 253 characters at most (Kubernetes' rule, as upstream checks)."""
+    try:
+        ipaddress.ip_address(address)
+        return True
+    except ValueError:
+        return len(address) <= 253 and all(_DNS_LABEL.fullmatch(label) for label in address.split("."))
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def _entry(entry: object, hostnames: bool = False) -> FileEndpoint:
     if not isinstance(entry, dict):
         raise ValueError("an entry is an object with name, address and port")
     unknown = sorted(map(str, set(entry) - {"name", "namespace", "address", "port", "labels"}))
@@ -92,10 +107,14 @@ def _entry(entry: object) -> FileEndpoint:
     if not isinstance(namespace, str):
         raise ValueError(f"{name}: 'namespace' must be a string")
     address = entry.get("address")
-    try:
-        ipaddress.IPv4Address(address if isinstance(address, str) else "")
-    except ValueError:
-        raise ValueError(f"{name}: invalid IPv4 address {address!r}") from None
+    if hostnames:
+        if not isinstance(address, str) or not is_host(address):
+            raise ValueError(f"{name}: invalid host {address!r} (an IP address or a DNS name)")
+    else:
+        try:
+            ipaddress.IPv4Address(address if isinstance(address, str) else "")
+        except ValueError:
+            raise ValueError(f"{name}: invalid IPv4 address {address!r}") from None
     port = entry.get("port")
     if isinstance(port, str) and port.strip().isdigit():
         port = int(port)
@@ -113,6 +132,10 @@ def _entry(entry: object) -> FileEndpoint:
 class FileDiscovery(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.NOTHING
+    hostnames = False  # whether an address may be a DNS name or an IPv6 address
+
+    def parse(self, data: bytes) -> tuple[list[FileEndpoint], list[str]]:
+        return parse_endpoints_file(data, hostnames=self.hostnames)
 
     def __init__(self, name: str | None, path: str, watch_file: bool = False) -> None:
         super().__init__(name)

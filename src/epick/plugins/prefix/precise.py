@@ -275,12 +275,25 @@ class PrecisePrefixCacheProducer(NamedPlugin):
                 weighted[pod] = weighted.get(pod, 0.0) + s
                 runs[pod] = runs.get(pod, 0) + lengths[pod]
         total = sum(len(k) for k in per_prompt)
+        pods = {name: pod for pod, name in ids.items()}
+
+        def tiers(endpoint: str) -> dict[str, int]:
+            counts: dict[str, int] = {}
+            pod = pods.get(endpoint)
+            if pod is None:
+                return counts
+            for keys in per_prompt:
+                for tier, n in self.index.tier_runs(keys, pod).items():
+                    counts[tier] = counts.get(tier, 0) + n
+            return counts
+
         match = PrefixMatch(
             total,
             self.block_size * CHARS_PER_TOKEN,
             {ids[pod]: int(s) for pod, s in weighted.items()},
             [k for keys in per_prompt for k in keys],
             unweighted={ids[pod]: n for pod, n in runs.items()},
+            tiers=tiers,
         )
         cycle_state.write(self.key, match)
 

@@ -141,3 +141,27 @@ def _factory(name: str, params: ApproxPrefixParameters, handle: Handle) -> Appro
 
 
 SPEC = PluginSpec(TYPE, _factory, ApproxPrefixParameters, "which candidates hold the prompt's prefix blocks")
+
+MULTICLUSTER_TYPE = "multicluster-approx-prefix-cache-producer"
+
+
+class MultiClusterApproxPrefixCacheProducer(ApproxPrefixCacheProducer):
+    """`approx-prefix-cache-producer` over peer clusters (llm-d/llm-d-router,
+    dataproducer/approximateprefix/multicluster.go): the index keys blocks by cluster endpoint;
+    parameters and behaviour are the stock producer's, only the type differs."""
+
+    plugin_type = MULTICLUSTER_TYPE
+
+
+def _multicluster(
+    name: str, params: ApproxPrefixParameters, handle: Handle
+) -> MultiClusterApproxPrefixCacheProducer:
+    return MultiClusterApproxPrefixCacheProducer(name, params)
+
+
+MULTICLUSTER_SPEC = PluginSpec(
+    MULTICLUSTER_TYPE,
+    _multicluster,
+    ApproxPrefixParameters,
+    "approx-prefix-cache-producer over peer clusters",
+)

@@ -18,7 +18,7 @@ score = w × min(1, matched tokens / scale)² + (1 − w) × matched blocks / pr
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pydantic import Field, model_validator
@@ -41,7 +41,12 @@ from epick.plugins.registry import Handle, Parameters, PluginSpec, producer_for
 TYPE = "prefix-cache-scorer"
 MATCH_DATA_TYPE = "PrefixCacheMatchInfoDataKey"  # upstream's data type of a prefix-match producer's output
 DEFAULT_PRODUCER = "approx-prefix-cache-producer"
-MATCH_PRODUCER_TYPES = (DEFAULT_PRODUCER, "precise-prefix-cache-producer", "burst-prefix-cache-producer")
+MATCH_PRODUCER_TYPES = (
+    DEFAULT_PRODUCER,
+    "precise-prefix-cache-producer",
+    "burst-prefix-cache-producer",
+    "multicluster-approx-prefix-cache-producer",
+)
 
 
 class PrefixCacheParameters(Parameters):
@@ -89,6 +94,9 @@ class PrefixMatch:
     hashes: list[int] = field(default_factory=list, repr=False)
     # Blocks held per endpoint, unweighted, where `matched` is weighted by tier (the precise index)
     unweighted: Mapping[str, int] | None = None
+    # Per device tier, the run of the prompt's blocks an endpoint holds on that tier, computed when
+    # asked (the precise index; None: the producer knows no tiers).
+    tiers: Callable[[str], Mapping[str, int]] | None = field(default=None, repr=False, compare=False)
 
     def cached_bytes(self, endpoint: str) -> int:
         held = self.unweighted if self.unweighted is not None else self.matched
@@ -259,4 +267,36 @@ def _requires(params: PrefixCacheParameters, api_version: str = "") -> tuple[str
 
 SPEC = PluginSpec(
     TYPE, _factory, PrefixCacheParameters, "matched prompt blocks / prompt blocks", requires=_requires
+)
+
+MULTICLUSTER_TYPE = "multicluster-prefix-cache-scorer"
+
+
+class MultiClusterPrefixCacheScorer(PrefixCacheScorer):
+    """`prefix-cache-scorer` over peer clusters (llm-d/llm-d-router, scheduling/scorer/prefix/
+    multicluster.go): the same parameters and score, only the type differs."""
+
+    plugin_type = MULTICLUSTER_TYPE
+
+
+def _multicluster(name: str, params: PrefixCacheParameters, handle: Handle) -> MultiClusterPrefixCacheScorer:
+    producer = resolve_producer(handle, params.prefix_match_info_producer_name, "prefixMatchInfoProducerName")
+    return MultiClusterPrefixCacheScorer(
+        name,
+        params.block_size_tokens,
+        params.max_prefix_blocks_to_match,
+        params.lru_capacity_per_server,
+        block_bytes=params.block_bytes(),
+        producer=producer,
+        match_length_weight=params.match_length_weight,
+        match_length_scale_tokens=params.match_length_scale_tokens,
+    )
+
+
+MULTICLUSTER_SPEC = PluginSpec(
+    MULTICLUSTER_TYPE,
+    _multicluster,
+    PrefixCacheParameters,
+    "prefix-cache-scorer over peer clusters",
+    requires=_requires,
 )

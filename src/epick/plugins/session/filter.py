@@ -317,3 +317,27 @@ SPEC = PluginSpec(
     SessionAffinityParameters,
     "only the endpoint a session is pinned to, when it is a candidate",
 )
+
+MULTICLUSTER_TYPE = "multicluster-session-affinity-filter"
+
+
+class MultiClusterSessionAffinityFilter(SessionAffinityFilter):
+    """`session-affinity-filter` over peer clusters (llm-d/llm-d-router,
+    scheduling/filter/sessionaffinity/multicluster.go): the same parameters and behaviour, with the
+    session pinned to a cluster endpoint; only the type differs."""
+
+    plugin_type = MULTICLUSTER_TYPE
+
+
+def _multicluster(
+    name: str, params: SessionAffinityParameters, handle: Handle
+) -> MultiClusterSessionAffinityFilter:
+    return MultiClusterSessionAffinityFilter(name, params)
+
+
+MULTICLUSTER_SPEC = PluginSpec(
+    MULTICLUSTER_TYPE,
+    _multicluster,
+    SessionAffinityParameters,
+    "session-affinity-filter over peer clusters",
+)
