@@ -123,12 +123,14 @@ class Attempts:
         assert proxy is not None
         forward = proxy._forward
 
-        async def recording(http: Any, d: Any, endpoint: Endpoint, path: str, state: Any) -> Any:
+        async def recording(
+            http: Any, reply: Any, d: Any, endpoint: Endpoint, *, path: str, state: Any
+        ) -> Any:
             key = (endpoint.name, bool(d.request.body.stream))
             attempts.tried.setdefault(d.request.request_id, []).append(endpoint.name)
             attempts.in_flight[key] += 1
             try:
-                return await forward(http, d, endpoint, path, state)
+                return await forward(http, reply, d, endpoint, path=path, state=state)
             except Exception as e:  # an attempt that failed before anything reached the client
                 attempts.failed.append((d.request.request_id, endpoint.name, str(e)))
                 raise

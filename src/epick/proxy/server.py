@@ -24,14 +24,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
-from aiohttp.web_protocol import RequestPayloadError
-
 from epick.datalayer.datastore import Datastore
 from epick.datalayer.health import EndpointHealth
 from epick.datalayer.models import ModelCatalog
 from epick.framework import Endpoint, Response
-from epick.proxy.http import AppRunner, json_errors
+from epick.proxy.http import BodyDecodeError, BodyTooLargeError, HTTPServer, Reply, Request
 from epick.proxy.upstream import Timeouts, UpstreamError, UpstreamResponse, Upstreams
 from epick.requestcontrol import errors
 from epick.requestcontrol.admission import evicted_error
@@ -114,87 +111,83 @@ class Proxy:
         self.options = options
         self.port = options.port
         self.upstreams = Upstreams(Timeouts(connect=options.connect_timeout, read=options.read_timeout))
-        self._runner: web.AppRunner | None = None
-
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.options.max_body_bytes, middlewares=[json_errors])
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/health", self._health)
-        app.router.add_route("*", "/{path:.*}", self._handle)  # the parsers decide which paths are served
-        return app
+        self.server = HTTPServer(
+            self._serve,
+            max_body_bytes=options.max_body_bytes,
+            head_timeout=options.head_timeout,
+            keepalive_timeout=options.keepalive_timeout,
+            max_connections=options.max_connections,
+        )
 
     async def start(self) -> None:
-        o = self.options
-        self._runner = AppRunner(
-            self.app(),
-            access_log=None,
-            head_timeout=o.head_timeout,
-            max_connections=o.max_connections,
-            keepalive_timeout=o.keepalive_timeout,
-            # After an error answered before the body was read, read what is left of it for at most
-            # this long before closing (aiohttp's default, 10 s, holds a bad client's socket open).
-            lingering_time=1.0,
-            # A client that disconnects cancels its handler: a request waiting in flow control
-            # leaves its queue at once, and a relay stops reading the model server.
-            handler_cancellation=True,
-        )
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.options.host, self.options.port)
-        await site.start()
-        if self.options.port == 0:
-            self.port = int(self._runner.addresses[-1][1])
+        await self.server.start(self.options.host, self.options.port)
+        self.port = self.server.port
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self.server.stop()
         await self.upstreams.close()
 
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "endpoints": len(self.datastore.snapshot())})
-
-    async def _models(self, request: web.Request) -> web.Response:
-        cards = self.catalog.cards() if self.catalog is not None else []
-        return web.json_response({"object": "list", "data": cards})
-
-    async def _handle(self, http: web.Request) -> web.StreamResponse:
-        if http.method != "POST":  # answered in JSON by the json_errors middleware
+    async def _serve(self, http: Request, reply: Reply) -> None:
+        if http.method in ("GET", "HEAD") and http.path in ("/health", "/v1/models"):
+            if http.path == "/health":
+                document: dict[str, Any] = {"status": "ok", "endpoints": len(self.datastore.snapshot())}
+            else:
+                document = {
+                    "object": "list",
+                    "data": self.catalog.cards() if self.catalog is not None else [],
+                }
+            reply.json(200, json.dumps(document).encode())
+            return
+        if http.method != "POST":
             parsers = self.director.config.parsers
             parser = parsers.resolve(http.path)
             if parser is not None and parser is not parsers.fallback:
-                raise web.HTTPMethodNotAllowed(http.method, ["POST"])
-            raise web.HTTPNotFound()
+                message = f"method {http.method} not allowed on {http.path}; allowed: POST"
+                reply.error(RequestError(405, message, "method_not_allowed", (("allow", "POST"),)))
+            else:
+                reply.error(RequestError(404, f"no such path: {http.method} {http.path}", "not_found"))
+            return
+        await self._handle(http, reply)
+
+    async def _handle(self, http: Request, reply: Reply) -> None:
         try:
             async with asyncio.timeout(self.options.body_timeout):
-                body = await http.read()  # decompressed when the client sent Content-Encoding
-        except web.HTTPRequestEntityTooLarge:
+                body = await http.read()  # decoded when the client sent Content-Encoding
+        except BodyTooLargeError:
             # The rest of the body is never read: the connection cannot carry another request.
-            return _error(errors.too_large(None, self.options.max_body_bytes), close=True)
-        except RequestPayloadError as e:  # a body its Content-Encoding cannot decode
-            return _error(errors.bad_request(f"request body cannot be decoded: {e}"), close=True)
+            reply.error(errors.too_large(None, self.options.max_body_bytes), close=True)
+            return
+        except BodyDecodeError as e:  # a body its Content-Encoding cannot decode
+            reply.error(errors.bad_request(f"request body cannot be decoded: {e}"), close=True)
+            return
         except TimeoutError:
             timeout = self.options.body_timeout
             message = f"request body incomplete after {timeout:g}s (Content-Length longer than the body?)"
-            return _error(RequestError(408, message, "body_timeout"), close=True)
-        if not http.raw_path.startswith("/"):  # an absolute-form target: not what a client of a proxy sends
-            return _error(errors.bad_request(f"request target {http.raw_path[:200]!r} is not a path"))
+            reply.error(RequestError(408, message, "body_timeout"), close=True)
+            return
+        if not http.target.startswith("/"):  # an absolute-form target: not what a client of a proxy sends
+            reply.error(errors.bad_request(f"request target {http.target[:200]!r} is not a path"))
+            return
         try:
             decision = await self.director.decide_async(body, http.headers, http.path)
         except RequestError as e:
-            return _error(e)
+            reply.error(e)
+            return
         state = _Request(deadline=asyncio.get_running_loop().time() + self.options.request_timeout)
         try:
             async with asyncio.timeout_at(state.deadline):
                 if decision.eviction is not None:
-                    return await self._evictable(http, decision, state)
-                return await self._attempts(http, decision, http.raw_path, state)
+                    await self._evictable(http, reply, decision, state)
+                else:
+                    await self._attempts(http, reply, decision, http.target, state)
         except TimeoutError:
             timeout = self.options.request_timeout
             log.warning("request %s passed its %gs deadline", decision.request.request_id, timeout)
-            if state.out is None:
-                return _error(RequestError(504, f"no answer within the request deadline of {timeout:g}s",
-                                           "request_timeout"))  # fmt: skip
-            await _end_with_error(state.out, f"the request passed its deadline of {timeout:g}s")
-            return state.out
+            if not reply.started:
+                reply.error(RequestError(504, f"no answer within the request deadline of {timeout:g}s",
+                                         "request_timeout"))  # fmt: skip
+            else:
+                await _end_with_error(reply, f"the request passed its deadline of {timeout:g}s")
         finally:
             # Every attempt failed, the deadline passed, or the client left: the hooks must still
             # release what the request held (in-flight counts), once.
@@ -202,13 +195,13 @@ class Proxy:
                 failed = Response(decision.request.request_id, status=0, error="no response completed")
                 self.director.response_complete(decision, failed, decision.targets[0])
 
-    async def _evictable(self, http: web.Request, decision: Decision, state: _Request) -> web.StreamResponse:
+    async def _evictable(self, http: Request, reply: Reply, decision: Decision, state: _Request) -> None:
         """The attempts, unless flow control evicts the request first: then they stop (the model
         server's connection closes) and the client gets 429 `evicted`, or, mid-stream, an error
         event that ends the stream."""
         assert decision.eviction is not None
-        attempt: asyncio.Future[web.StreamResponse] = asyncio.ensure_future(
-            self._attempts(http, decision, http.raw_path, state)
+        attempt: asyncio.Future[None] = asyncio.ensure_future(
+            self._attempts(http, reply, decision, http.target, state)
         )
         evicted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -228,19 +221,20 @@ class Proxy:
             raise
         if attempt.done():
             evicted.cancel()
-            return attempt.result()
+            attempt.result()
+            return
         attempt.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await attempt
         log.info("request %s evicted by flow control", decision.request.request_id)
-        if state.out is None:
-            return _error(evicted_error())
-        await _end_with_error(state.out, "request evicted by flow control")
-        return state.out
+        if not reply.started:
+            reply.error(evicted_error())
+        else:
+            await _end_with_error(reply, "request evicted by flow control")
 
     async def _attempts(
-        self, http: web.Request, decision: Decision, path: str, state: _Request
-    ) -> web.StreamResponse:
+        self, http: Request, reply: Reply, decision: Decision, path: str, state: _Request
+    ) -> None:
         """The decision's targets in turn, then one fresh decision without those that failed; only
         attempts that sent the client nothing are retried."""
         tried: set[str] = set()
@@ -252,7 +246,8 @@ class Proxy:
                     continue
                 tried.add(endpoint.name)
                 try:
-                    return await self._forward(http, decision, endpoint, path, state)
+                    await self._forward(http, reply, decision, endpoint, path=path, state=state)
+                    return
                 except _AttemptFailedError as failure:
                     last = failure
                     log.warning(
@@ -266,18 +261,19 @@ class Proxy:
                 decision = dataclasses.replace(decision, result=result)
                 targets = list(result.targets)
         if last.body:
-            return web.Response(status=last.status, body=last.body, content_type="application/json")
+            reply.json(last.status, last.body)
+            return
         if self.options.expose_endpoint:
             message = f"no endpoint could serve the request: {last}"
         else:
             message = f"no endpoint could serve the request ({len(tried)} tried; epick's log says why)"
-        return _error(RequestError(last.status, message, "upstream_failed"))
+        reply.error(RequestError(last.status, message, "upstream_failed"))
 
     async def _forward(
-        self, http: web.Request, d: Decision, endpoint: Endpoint, path: str, state: _Request
-    ) -> web.StreamResponse:
+        self, http: Request, reply: Reply, d: Decision, endpoint: Endpoint, *, path: str, state: _Request
+    ) -> None:
         dropped = _dropped(http.headers, _NOT_FORWARDED)
-        headers = {k: v for k, v in http.headers.items() if k.lower() not in dropped}
+        headers = {k: v for k, v in http.headers.pairs if k not in dropped}
         headers[REQUEST_ID_HEADER] = d.request.request_id
         prefill = d.prefill
         if prefill is not None:
@@ -310,15 +306,16 @@ class Proxy:
             response.headers = dict(upstream.headers)
             # A body forwarded unread may ask for a stream: relay it as it comes.
             if not (d.request.body.stream or d.request.body.kind == "raw"):
-                return await self._whole(d, endpoint, upstream, response)
+                await self._whole(reply, d, endpoint, upstream, response)
+                return
             self.director.response_received(d, response, endpoint)
-            return await self._relay(http, d, endpoint, upstream, response, state=state)
+            await self._relay(reply, d, endpoint, upstream, response, state=state)
         finally:
             upstream.release()
 
     async def _whole(
-        self, d: Decision, endpoint: Endpoint, upstream: UpstreamResponse, response: Response
-    ) -> web.Response:
+        self, reply: Reply, d: Decision, endpoint: Endpoint, upstream: UpstreamResponse, response: Response
+    ) -> None:
         """A non-streaming response is small: read it whole, so a break can still go to another endpoint."""
         try:
             body = await upstream.read()
@@ -329,54 +326,49 @@ class Proxy:
         self.director.response_received(d, response, endpoint)
         response.chunk = body
         response.end_of_stream = True
-        out = web.Response(status=upstream.status, body=body)
-        self._copy_headers(upstream, response, endpoint, out)
         self.director.response_complete(d, response, endpoint)
-        _metadata_headers(response, out)  # what the hooks reported, while the headers can still go
-        return out
+        headers = self._copy_headers(upstream, response, endpoint)
+        headers += _metadata_headers(response)  # what the hooks reported, while the headers can still go
+        reply.send(upstream.status, body, headers)
 
     def _copy_headers(
-        self,
-        upstream: UpstreamResponse,
-        response: Response,
-        endpoint: Endpoint,
-        out: web.StreamResponse,
-    ) -> None:
-        # Everything the model server said, but hop-by-hop headers and the length (the relay decides it).
+        self, upstream: UpstreamResponse, response: Response, endpoint: Endpoint
+    ) -> list[tuple[str, str]]:
+        """Everything the model server said, but hop-by-hop headers and the length (the relay decides
+        it), with what the hooks added (replacing the server's of the same name)."""
         dropped = _dropped(response.headers, _NOT_RETURNED)
-        for key, value in upstream.headers:
-            if key.lower() not in dropped:
-                out.headers.add(key, value)
-        out.headers.update(response.add_headers)
+        added = response.add_headers
+        if added:
+            dropped = dropped | {name.lower() for name in added}
+        headers = [(key, value) for key, value in upstream.headers if key.lower() not in dropped]
+        headers += added.items()
         if self.options.expose_endpoint:
-            out.headers[ENDPOINT_HEADER] = endpoint.name
+            headers.append((ENDPOINT_HEADER, endpoint.name))
+        return headers
 
     async def _relay(
         self,
-        http: web.Request,
+        reply: Reply,
         d: Decision,
         endpoint: Endpoint,
         upstream: UpstreamResponse,
         response: Response,
         *,
         state: _Request,
-    ) -> web.StreamResponse:
-        out = web.StreamResponse(status=upstream.status)
-        self._copy_headers(upstream, response, endpoint, out)
+    ) -> None:
         started = time.monotonic()
-        state.out = out
         # Each chunk goes to the hooks only when something reads chunks (a hook, or the usage).
         chunks_read = d.usage is not None or bool(self.director.config.hooks.response_streaming)
         try:
-            await out.prepare(http)
+            reply.start(upstream.status, self._copy_headers(upstream, response, endpoint))
             async for chunk in upstream.chunks():
-                await out.write(chunk)
+                await reply.write(chunk)
                 if chunks_read:
                     response.chunk = chunk
                     self.director.response_streaming(d, response, endpoint)
             response.chunk = b""
             response.end_of_stream = True
-            await out.write_eof()
+            await reply.end()
         except (TimeoutError, UpstreamError) as e:
             # The model server broke off mid-response: tell the client cleanly, stop choosing the endpoint.
             response.error = f"{type(e).__name__}: {e}"
@@ -385,29 +377,26 @@ class Proxy:
                 "response from %s broke after %.2fs: %s", endpoint.name, time.monotonic() - started, e
             )
             which = f"upstream {endpoint.name}" if self.options.expose_endpoint else "the model server"
-            await _end_with_error(out, f"{which} failed mid-response")
+            await _end_with_error(reply, f"{which} failed mid-response")
         except (ConnectionResetError, asyncio.CancelledError):
             past_deadline = asyncio.get_running_loop().time() >= state.deadline
             response.error = "request deadline passed" if past_deadline else "client disconnected"
             raise
         finally:
             self.director.response_complete(d, response, endpoint)
-            if response.dynamic_metadata:  # too late for headers, and aiohttp sends no trailers
+            if response.dynamic_metadata:  # too late for headers (no trailers are sent)
                 log.debug(
                     "request %s: dynamic metadata %s not sent (the response streamed)",
                     d.request.request_id,
                     response.dynamic_metadata,
                 )
-        return out
 
 
 @dataclass(slots=True)
 class _Request:
-    """One client request across its attempts: its deadline (event-loop time), and the response once
-    the relay has started it (after which nothing can be retried or answered anew)."""
+    """One client request across its attempts: its deadline (event-loop time)."""
 
     deadline: float
-    out: web.StreamResponse | None = None
 
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -415,11 +404,12 @@ _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _NOT_METADATA = _NOT_RETURNED | {"content-type", "content-encoding"}
 
 
-def _metadata_headers(response: Response, out: web.StreamResponse) -> None:
+def _metadata_headers(response: Response) -> list[tuple[str, str]]:
     """The standalone proxy's stand-in for ext_proc dynamic metadata: each key hooks reported (e.g.
     request-attribute-reporter's `x-gateway-inference-request-cost`) as a response header of that
     name, a whole number without a fraction. The namespace is not sent; a key that is not a valid
     header name, or names a header the relay owns, is left out."""
+    found: dict[str, str] = {}
     for values in response.dynamic_metadata.values():
         for name, value in values.items():
             if not _TOKEN.fullmatch(name) or name.lower() in _NOT_METADATA:
@@ -432,23 +422,15 @@ def _metadata_headers(response: Response, out: web.StreamResponse) -> None:
                 text = str(value)
             if "\r" in text or "\n" in text:
                 continue
-            out.headers[name] = text
+            found[name] = text
+    return list(found.items())
 
 
-async def _end_with_error(out: web.StreamResponse, message: str) -> None:
+async def _end_with_error(reply: Reply, message: str) -> None:
     """End a started stream with an SSE error event (what an OpenAI client reads as an error)."""
     event = {"error": {"message": message, "type": "upstream_error"}}
     try:
-        await out.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-        await out.write_eof()
+        await reply.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        await reply.end()
     except (ConnectionResetError, RuntimeError):
         pass
-
-
-def _error(e: RequestError, *, close: bool = False) -> web.Response:
-    response = web.Response(
-        status=e.status, body=e.body(), content_type="application/json", headers=dict(e.headers)
-    )
-    if close:
-        response.force_close()
-    return response
