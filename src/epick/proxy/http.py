@@ -15,8 +15,9 @@ proxy's total (docs/performance.md, "Data plane"); this one does what the proxy 
   `max_connections` open connections a new one is answered 503 and closed. A deadline that fires
   while a request waits unread in the socket (the event loop stalled) is the server's lateness, not
   the client's: it is re-armed.
-- A malformed request gets a JSON 400 and the connection closes; a client that disconnects cancels
-  its handler (a request waiting in flow control leaves its queue, a relay stops reading).
+- A malformed request gets a JSON 400 and the connection closes; a client that disconnects (or
+  half-closes, as aiohttp's server reads it) cancels its handler (a request waiting in flow control
+  leaves its queue, a relay stops reading).
 """
 
 from __future__ import annotations
