@@ -214,6 +214,7 @@ class _Discard(io.TextIOBase):
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given (serve --workers passes it on)
     try:
         code: int = args.func(args)
         sys.stdout.flush()

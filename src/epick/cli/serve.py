@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import os
 import random
 import signal
+import socket
 import sys
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -20,6 +22,7 @@ import yaml
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from epick.cli.workers import Supervisor, WorkerLink
 from epick.config import ConfigError, LoadedConfig, load_config
 from epick.datalayer.datastore import Datastore, EndpointSpec
 from epick.datalayer.discovery.file import FileDiscoveryRunner
@@ -205,6 +208,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="record the token histograms (inference_objective_*_tokens) from each response's usage; "
         "off, responses are read only when a plugin needs them, and ext_proc skips their bodies",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes serving the proxy on one port, sharing the prefix index (epick.cli.workers); "
+        "worker 0 also serves ext_proc",
+    )
+    p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker-hub", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--proxy-fd", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
 
@@ -469,14 +482,15 @@ class Service:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def start(self) -> None:
+    async def start(self, proxy_socket: socket.socket | None = None) -> None:
+        """Start serving; the proxy accepts on `proxy_socket` when given (already listening)."""
         if self.discovery is not None:
             await self.discovery.start()  # lists first: endpoints are known before anything serves
         await self.scrapers.start()
         await self.kv_events.start(sinks_of(self.director.config.plugins.values()))
         await self.catalog.start()
         if self.proxy is not None:
-            await self.proxy.start()
+            await self.proxy.start(proxy_socket)
         if self.extproc is not None:
             await self.extproc.start()
         if self.options.metrics_port is not None:
@@ -487,6 +501,13 @@ class Service:
             await web.TCPSite(
                 self._metrics_runner, self.options.metrics_host, self.options.metrics_port
             ).start()
+
+    @property
+    def metrics_bound_port(self) -> int:
+        """The port /metrics listens on (the one asked for, or the one port 0 chose); 0: none."""
+        if self._metrics_runner is None or not self._metrics_runner.addresses:
+            return 0
+        return int(self._metrics_runner.addresses[0][1])
 
     async def stop(self) -> None:
         if self.proxy is not None:
@@ -545,14 +566,82 @@ def settle_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+async def _worker_main(options: ServeOptions, args: argparse.Namespace) -> None:
+    """One of `--workers`' processes: the service on the supervisor's socket, linked to its hub."""
+    proxy = dataclasses.replace(options.proxy, worker=args.worker_index) if options.proxy else None
+    options = dataclasses.replace(options, metrics_port=0, metrics_host="127.0.0.1", proxy=proxy)
+    service = Service(options)
+    link = WorkerLink(args.worker_hub, args.worker_index, lambda: service.director.config.plugins)
+    await link.connect()  # the shared state first: then serve
+    await service.start(socket.socket(fileno=args.proxy_fd))
+    link.report_metrics(service.metrics_bound_port)
+    loop = asyncio.get_running_loop()
+    stopped = asyncio.Event()
+
+    def reload() -> None:
+        if service.reload():
+            link.attach()
+
+    loop.add_signal_handler(signal.SIGHUP, reload)
+    loop.add_signal_handler(signal.SIGTERM, stopped.set)
+    settle_gc()
+    try:
+        await stopped.wait()
+    finally:
+        await link.stop()
+        await service.stop()
+
+
+def _serve_args(argv: list[str]) -> list[str]:
+    """`epick serve`'s arguments as given, without `--workers`: what each worker runs."""
+    rest = argv[argv.index("serve") + 1 :] if "serve" in argv else list(argv)
+    out: list[str] = []
+    skip = False
+    for arg in rest:
+        if skip:
+            skip = False
+        elif arg == "--workers":
+            skip = True
+        elif not arg.startswith("--workers="):
+            out.append(arg)
+    return out
+
+
+def _supervise(args: argparse.Namespace, options: ServeOptions) -> Supervisor:
+    if options.proxy is None:
+        raise ValueError("--workers above 1 serves the proxy; ext_proc alone runs with --workers 1")
+    return Supervisor(
+        _serve_args(args.argv),
+        args.workers,
+        host=options.proxy.host,
+        port=options.proxy.port,
+        metrics_host=options.metrics_host,
+        metrics_port=options.metrics_port,
+        extproc=options.extproc is not None,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     options = options_from(args)
+    if args.workers < 1:
+        print("epick serve: --workers must be at least 1", file=sys.stderr)
+        return 2
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            uvloop.run(_main(options))
+            if args.worker_hub is not None:
+                uvloop.run(_worker_main(options, args))
+            elif args.workers > 1:
+                config = load_config(options.config_file, seed=options.seed)  # checked once, here
+                if config.flow_control is not None:
+                    print("epick serve: flow control cannot run with --workers above 1: its queues are "
+                          "one process's (run with --workers 1)", file=sys.stderr)  # fmt: skip
+                    return 2
+                uvloop.run(_supervise(args, options).run())
+            else:
+                uvloop.run(_main(options))
     except ConfigError as e:
         for issue in e.issues:
             print(issue.render(e.source), file=sys.stderr)
@@ -560,7 +649,7 @@ def run(args: argparse.Namespace) -> int:
     except (DiscoveryError, RewriteError, TlsFileError) as e:
         print(f"epick serve: {e}", file=sys.stderr)
         return 2
-    except OSError as e:
+    except (OSError, ValueError) as e:
         print(f"epick serve: {e}", file=sys.stderr)
         return 2
     return 0

@@ -361,9 +361,14 @@ class HTTPServer:
         self._server: asyncio.Server | None = None
         self.port = 0
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, *, sock: socket.socket | None = None) -> None:
+        """Listen on `host:port`, or accept on `sock`, a socket already listening (`epick serve
+        --workers`: the supervisor binds it once and every worker accepts on it)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Connection(self), host, port, backlog=1024)
+        if sock is not None:
+            self._server = await loop.create_server(lambda: _Connection(self), sock=sock, backlog=1024)
+        else:
+            self._server = await loop.create_server(lambda: _Connection(self), host, port, backlog=1024)
         self.port = int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:

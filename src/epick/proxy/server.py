@@ -19,6 +19,7 @@ import dataclasses
 import json
 import logging
 import re
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from epick.requestcontrol.errors import RequestError
 log = logging.getLogger(__name__)
 
 ENDPOINT_HEADER = "x-epick-endpoint"
+WORKER_HEADER = "x-epick-worker"
 # Hop-by-hop headers (RFC 9110 section 7.6.1) and those the relay sets itself (host, length); the
 # headers a message's own `Connection` names are hop-by-hop too (`_dropped`).
 _HOP_BY_HOP = frozenset(
@@ -53,7 +55,7 @@ _HOP_BY_HOP = frozenset(
 )  # fmt: skip
 # The body is forwarded as read, decompressed: the client's Content-Encoding does not apply to it.
 _NOT_FORWARDED = _HOP_BY_HOP | CONTROL_HEADERS | UNTRUSTED_HEADERS | {"content-encoding"}
-_NOT_RETURNED = _HOP_BY_HOP | CONTROL_HEADERS | UNTRUSTED_HEADERS | {ENDPOINT_HEADER}
+_NOT_RETURNED = _HOP_BY_HOP | CONTROL_HEADERS | UNTRUSTED_HEADERS | {ENDPOINT_HEADER, WORKER_HEADER}
 
 
 def _dropped(headers: Mapping[str, str], always: frozenset[str]) -> frozenset[str]:
@@ -82,6 +84,7 @@ class ProxyOptions:
     # server); a request as a whole, attempts and streaming included, ends after request_timeout.
     first_byte_timeout: float = 120.0
     request_timeout: float = 3600.0
+    worker: int | None = None  # `epick serve --workers`: this process's index (x-epick-worker when exposed)
 
 
 class _AttemptFailedError(Exception):
@@ -119,8 +122,13 @@ class Proxy:
             max_connections=options.max_connections,
         )
 
-    async def start(self) -> None:
-        await self.server.start(self.options.host, self.options.port)
+    async def start(self, sock: socket.socket | None = None) -> None:
+        """Listen on the options' host and port, or accept on `sock` (already listening)."""
+        try:
+            await self.server.start(self.options.host, self.options.port, sock=sock)
+        except OSError as e:
+            where = f"{self.options.host}:{self.options.port}"
+            raise OSError(e.errno, f"cannot listen on {where} for the proxy: {e.strerror or e}") from None
         self.port = self.server.port
 
     async def stop(self) -> None:
@@ -344,6 +352,8 @@ class Proxy:
         headers += added.items()
         if self.options.expose_endpoint:
             headers.append((ENDPOINT_HEADER, endpoint.name))
+            if self.options.worker is not None:
+                headers.append((WORKER_HEADER, str(self.options.worker)))
         return headers
 
     async def _relay(

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import Any
+
+from epick.framework.replication import Publish
 
 
 class PrefixIndex:
@@ -14,9 +17,33 @@ class PrefixIndex:
         self.capacity = capacity_per_endpoint
         self._lru: dict[str, OrderedDict[int, None]] = {}
         self._holders: dict[int, set[str]] = {}
+        self.publish: Publish | None = None  # `epick serve --workers`: where each add goes
 
     def add(self, endpoint: str, hashes: Iterable[int]) -> None:
         """Record that `endpoint` now holds these blocks (most recent last)."""
+        if self.publish is not None:
+            hashes = list(hashes)
+            self.publish([endpoint, hashes])
+        self._add(endpoint, hashes)
+
+    def apply_update(self, update: Any) -> None:
+        """Another worker's `add` (an [endpoint, hashes] pair)."""
+        endpoint, hashes = update
+        self._add(str(endpoint), hashes)
+
+    def snapshot(self) -> dict[str, list[int]]:
+        """Each endpoint's blocks, least recent first."""
+        return {endpoint: list(lru) for endpoint, lru in self._lru.items()}
+
+    def restore(self, snapshot: Any) -> None:
+        """Merge a snapshot: its blocks are added before (older than) what this index holds."""
+        for endpoint, hashes in dict(snapshot).items():
+            mine = self._lru.get(str(endpoint))
+            kept = list(mine) if mine is not None else []
+            self._add(str(endpoint), hashes)
+            self._add(str(endpoint), kept)
+
+    def _add(self, endpoint: str, hashes: Iterable[int]) -> None:
         lru = self._lru.get(endpoint)
         if lru is None:
             lru = self._lru[endpoint] = OrderedDict()

@@ -33,6 +33,7 @@ from epick.framework import (
     state_key,
 )
 from epick.framework.datalayer import data_key
+from epick.framework.replication import Publish
 from epick.framework.request import CHARS_PER_TOKEN
 from epick.plugins.prefix.hashing import prompt_block_hashes
 from epick.plugins.prefix.index import PrefixIndex
@@ -195,6 +196,19 @@ class PrefixCacheScorer(NamedPlugin):
     def endpoint_removed(self, name: str) -> None:
         """An endpoint that left holds no blocks: it leaves the index."""
         self.index.remove_endpoint(name)
+
+    # `epick serve --workers`: the index is shared by every worker (epick.framework.replication).
+    def replicate(self, publish: Publish | None) -> None:
+        self.index.publish = publish
+
+    def apply_update(self, update: object) -> None:
+        self.index.apply_update(update)
+
+    def snapshot(self) -> object:
+        return self.index.snapshot()
+
+    def restore(self, snapshot: object) -> None:
+        self.index.restore(snapshot)
 
     @property
     def hit_ratio(self) -> float:

@@ -1,0 +1,417 @@
+"""`epick serve --workers N`: N processes serve the proxy, every one deciding on the same state.
+
+One Python process decides and relays on one core. With N workers:
+- The supervisor (the process `epick serve` starts) binds one listening socket per worker on the
+  proxy's port (SO_REUSEPORT: the kernel spreads new connections over them evenly) and starts N
+  worker processes, each accepting on its own. It holds a lock file for the port, so a second epick
+  on the same port fails to start, naming the port (as does anything else binding it). It keeps the
+  sockets open: connections wait in a dead worker's socket until its successor accepts them.
+- Each worker is a whole `epick serve`: its own data layer (discovery, scrapes, KV events) and its own
+  copy of the config. Scheduling state lives in plugins; those that record what decisions did (the
+  prefix index of `prefix-cache-scorer` and `approx-prefix-cache-producer`) implement
+  `epick.framework.replication.Replicated`: what one worker records, it publishes to the supervisor's
+  hub, which forwards it to every other worker (msgpack frames over a Unix socket), so each worker's
+  index holds every worker's decisions, the few hundred microseconds an update travels aside. Other
+  stateful plugins keep their state per worker (a warning names them), and flow control, whose queues
+  cannot be split, is refused.
+- A worker that dies is started again (after 0.5 s, doubling to 8 s while it keeps dying). The new
+  one loads a snapshot of a running worker's replicated state, so no decision recorded before is lost;
+  the connections the dead worker held are reset (their clients see the error).
+- Worker 0 also serves ext_proc (gRPC binds its port once); the supervisor serves `/metrics`, the
+  workers' series merged: counters and histograms summed, gauges the largest.
+- SIGHUP is passed on to every worker (each reloads its config); SIGTERM and SIGINT stop them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import fcntl
+import logging
+import os
+import signal
+import socket
+import struct
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgpack
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+
+from epick.framework.reads import Reads, reads_of
+from epick.framework.replication import Replicated
+
+log = logging.getLogger(__name__)
+
+_LENGTH = struct.Struct("!I")
+FIRST_BACKOFF, MAX_BACKOFF = 0.5, 8.0
+
+
+def frame(message: object) -> bytes:
+    payload: bytes = msgpack.packb(message, use_bin_type=True)
+    return _LENGTH.pack(len(payload)) + payload
+
+
+async def read_frame(reader: asyncio.StreamReader) -> Any:
+    """The next message, or None at the end of the stream."""
+    try:
+        head = await reader.readexactly(_LENGTH.size)
+        (length,) = _LENGTH.unpack(head)
+        return msgpack.unpackb(await reader.readexactly(length), raw=False, strict_map_key=False)
+    except asyncio.IncompleteReadError:
+        return None
+
+
+def bind_proxy(host: str, port: int, count: int) -> tuple[list[socket.socket], Any]:
+    """One listening socket per worker on the proxy's port (SO_REUSEPORT: the kernel spreads new
+    connections over them evenly), and the lock that keeps another epick from joining them. A port
+    another process holds fails here, naming it."""
+    where = f"{host}:{port}"
+    lock = open(Path(tempfile.gettempdir()) / f"epick-proxy-{host}-{port}.lock", "w")  # noqa: SIM115
+    if port:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            raise OSError(f"cannot listen on {where} for the proxy: another epick serves it") from None
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sockets.append(socket.create_server((host, port), backlog=4096, reuse_port=True))
+            port = sockets[0].getsockname()[1]
+    except OSError as e:
+        for sock in sockets:
+            sock.close()
+        lock.close()
+        raise OSError(f"cannot listen on {where} for the proxy: {e.strerror or e}") from None
+    return sockets, lock
+
+
+# --- the supervisor -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(slots=True)
+class _Worker:
+    index: int
+    process: asyncio.subprocess.Process | None = None
+    writer: asyncio.StreamWriter | None = None
+    metrics_port: int = 0
+    restarts: int = 0
+
+
+class Supervisor:
+    def __init__(
+        self,
+        serve_args: Sequence[str],
+        workers: int,
+        *,
+        host: str,
+        port: int,
+        metrics_host: str,
+        metrics_port: int | None,
+        extproc: bool,
+    ) -> None:
+        self.serve_args = list(serve_args)
+        self.workers = [_Worker(i) for i in range(workers)]
+        self.host, self.port = host, port
+        self.metrics_host, self.metrics_port = metrics_host, metrics_port
+        self.extproc = extproc
+        self.stopping = False
+        self.sockets: list[socket.socket] = []
+        self._lock: Any = None
+        self.hub_path = ""
+        self._hub: asyncio.AbstractServer | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._metrics: web.AppRunner | None = None
+        self._stopped = asyncio.Event()
+
+    async def run(self) -> None:
+        self.sockets, self._lock = bind_proxy(self.host, self.port, len(self.workers))
+        with tempfile.TemporaryDirectory(prefix="epick-hub-") as tmp:
+            self.hub_path = str(Path(tmp) / "hub.sock")
+            self._hub = await asyncio.start_unix_server(self._link, self.hub_path)
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._stopped.set)
+            loop.add_signal_handler(signal.SIGHUP, self._reload)
+            for worker in self.workers:
+                self._spawn(worker)
+            if self.metrics_port is not None:
+                await self._serve_metrics()
+            log.info(
+                "epick: %d workers serve the proxy on %s:%d",
+                len(self.workers),
+                self.host,
+                self.sockets[0].getsockname()[1],
+            )
+            try:
+                await self._stopped.wait()
+            finally:
+                await self.stop()
+
+    def _spawn(self, worker: _Worker) -> None:
+        task = asyncio.get_running_loop().create_task(self._keep(worker), name=f"worker {worker.index}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _keep(self, worker: _Worker) -> None:
+        """Run the worker; start it again whenever it exits, until the supervisor stops."""
+        backoff = FIRST_BACKOFF
+        while not self.stopping:
+            # The supervisor keeps the socket open: connections wait in it while its worker restarts.
+            fd = self.sockets[worker.index].fileno()
+            args = [sys.executable, "-m", "epick.cli.main", "serve", *self.serve_args, "--worker-index",
+                    str(worker.index), "--worker-hub", self.hub_path, "--proxy-fd", str(fd)]  # fmt: skip
+            if worker.index > 0 or not self.extproc:
+                args.append("--no-extproc")
+            worker.process = await asyncio.create_subprocess_exec(*args, pass_fds=(fd,))
+            code = await worker.process.wait()
+            worker.writer = None
+            if self.stopping:
+                return
+            worker.restarts += 1
+            log.error(
+                "worker %d exited with status %s; starting it again in %gs", worker.index, code, backoff
+            )
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF)
+
+    def _reload(self) -> None:
+        for worker in self.workers:
+            if worker.process is not None and worker.process.returncode is None:
+                worker.process.send_signal(signal.SIGHUP)
+
+    async def stop(self) -> None:
+        self.stopping = True
+        running = [w.process for w in self.workers if w.process is not None and w.process.returncode is None]
+        for process in running:
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
+        for process in running:
+            try:
+                await asyncio.wait_for(process.wait(), 10)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._metrics is not None:
+            await self._metrics.cleanup()
+        if self._hub is not None:
+            self._hub.close()
+        for sock in self.sockets:
+            sock.close()
+        if self._lock is not None:
+            self._lock.close()
+
+    # --- the hub: replicated updates between workers ------------------------------------------
+
+    async def _link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hello = await read_frame(reader)
+        if not isinstance(hello, dict) or hello.get("t") != "hello":
+            writer.close()
+            return
+        worker = self.workers[int(hello["worker"])]
+        # Joined first, then the snapshot: updates that cross it are applied on top of it.
+        peers = [w for w in self.workers if w.writer is not None and w is not worker]
+        worker.writer = writer
+        if peers:
+            peers[0].writer.write(frame({"t": "snapshot?", "for": worker.index}))  # type: ignore[union-attr]
+        else:
+            writer.write(
+                frame({"t": "snapshot", "for": worker.index, "items": {}})
+            )  # the first: nothing to load
+        try:
+            while (message := await read_frame(reader)) is not None:
+                kind = message.get("t")
+                if kind == "u":
+                    data = frame(message)
+                    for other in self.workers:
+                        if other is not worker and other.writer is not None:
+                            other.writer.write(data)
+                elif kind == "snapshot":
+                    target = self.workers[int(message["for"])]
+                    if target.writer is not None:
+                        target.writer.write(frame(message))
+                elif kind == "metrics":
+                    worker.metrics_port = int(message["port"])
+        finally:
+            if worker.writer is writer:
+                worker.writer = None
+            writer.close()
+
+    # --- metrics: the workers' series, merged -------------------------------------------------
+
+    async def _serve_metrics(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics_page)
+        self._metrics = web.AppRunner(app, access_log=None)
+        await self._metrics.setup()
+        await web.TCPSite(self._metrics, self.metrics_host, self.metrics_port).start()
+
+    async def _metrics_page(self, request: web.Request) -> web.Response:
+        pages: list[str] = []
+        timeout = aiohttp.ClientTimeout(total=5)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            for worker in self.workers:
+                if not worker.metrics_port:
+                    continue
+                try:
+                    async with session.get(f"http://127.0.0.1:{worker.metrics_port}/metrics") as r:
+                        pages.append(await r.text())
+                except (aiohttp.ClientError, TimeoutError) as e:
+                    log.warning("worker %d's metrics could not be read: %s", worker.index, e)
+        registry = CollectorRegistry()
+        registry.register(_Merged(pages))
+        return web.Response(
+            body=generate_latest(registry), headers={"Content-Type": "text/plain; version=0.0.4"}
+        )
+
+
+class _Merged(Collector):
+    """Prometheus pages merged: samples of one name and label set summed across pages (a gauge:
+    the largest value, as for a pool's endpoint count every worker reports alike)."""
+
+    def __init__(self, pages: Sequence[str]) -> None:
+        self.pages = pages
+
+    def collect(self) -> Any:
+        families: dict[str, Metric] = {}
+        values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+        for page in self.pages:
+            for family in text_string_to_metric_families(page):
+                merged = families.get(family.name)
+                if merged is None:
+                    merged = families[family.name] = Metric(family.name, family.documentation, family.type)
+                    values[family.name] = {}
+                samples = values[family.name]
+                for sample in family.samples:
+                    key = (sample.name, tuple(sorted(sample.labels.items())))
+                    if key not in samples:
+                        samples[key] = sample.value
+                    elif family.type == "gauge":
+                        samples[key] = max(samples[key], sample.value)
+                    else:
+                        samples[key] += sample.value
+        for name, family in families.items():
+            for (sample_name, labels), value in values[name].items():
+                family.add_sample(sample_name, dict(labels), value)
+            yield family
+
+
+# --- a worker's end of the hub ----------------------------------------------------------------------
+
+
+class WorkerLink:
+    """Connects a worker's replicated plugins to the hub: publishes what they record, applies what
+    the other workers' record, and answers and loads snapshots."""
+
+    def __init__(self, hub_path: str, index: int, plugins: Any) -> None:
+        self.hub_path = hub_path
+        self.index = index
+        self.plugins = plugins  # () -> Mapping[str, Plugin]: the running config's plugins
+        self._writer: asyncio.StreamWriter | None = None
+        self._outbox: list[list[object]] = []
+        self._flush_pending = False
+        self._task: asyncio.Task[None] | None = None
+        self.applied = 0
+
+    async def connect(self, timeout: float = 10.0) -> None:
+        """Join the hub and load the running workers' shared state (before this worker serves, so
+        its first decision already knows theirs); then publish and apply updates."""
+        reader, self._writer = await asyncio.open_unix_connection(self.hub_path)
+        self._writer.write(frame({"t": "hello", "worker": self.index}))
+        try:
+            first = await asyncio.wait_for(read_frame(reader), timeout)
+        except TimeoutError:
+            first = None
+            log.warning(
+                "worker %d: no snapshot of the shared state within %gs; starting empty", self.index, timeout
+            )
+        if isinstance(first, dict):
+            self._handle(first)
+        self.attach()
+        self._task = asyncio.get_running_loop().create_task(self._read(reader), name="hub link")
+
+    def report_metrics(self, port: int) -> None:
+        """Where this worker serves its /metrics (the supervisor merges every worker's)."""
+        if self._writer is not None:
+            self._writer.write(frame({"t": "metrics", "port": port}))
+
+    def attach(self) -> None:
+        """(Again, after a config reload) hand every replicated plugin its publisher."""
+        unshared = []
+        for name, plugin in self.plugins().items():
+            if isinstance(plugin, Replicated):
+                plugin.replicate(self._publisher(name))
+            elif Reads.HISTORY in reads_of(plugin) and not _stateless_history(plugin):
+                unshared.append(f"{name} ({plugin.typed_name.type})")
+        if unshared and self.index == 0:
+            log.warning(
+                "with --workers, each worker keeps its own state for: %s (only prefix indexes are shared)",
+                ", ".join(unshared),
+            )
+
+    def _publisher(self, name: str) -> Any:
+        def publish(update: object) -> None:
+            self._outbox.append([name, update])
+            if not self._flush_pending:
+                self._flush_pending = True
+                asyncio.get_running_loop().call_soon(self._flush)
+
+        return publish
+
+    def _flush(self) -> None:
+        self._flush_pending = False
+        items, self._outbox = self._outbox, []
+        if items and self._writer is not None and not self._writer.is_closing():
+            self._writer.write(frame({"t": "u", "from": self.index, "items": items}))
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        while (message := await read_frame(reader)) is not None:
+            self._handle(message)
+        log.error("worker %d lost the supervisor's hub; exiting", self.index)
+        os.kill(os.getpid(), signal.SIGTERM)  # an orphan must not serve on alone
+
+    def _handle(self, message: Any) -> None:
+        kind = message.get("t")
+        plugins = self.plugins()
+        if kind == "u":
+            for name, update in message["items"]:
+                plugin = plugins.get(name)
+                if isinstance(plugin, Replicated):
+                    plugin.apply_update(update)
+                    self.applied += 1
+        elif kind == "snapshot?" and self._writer is not None:
+            items = {name: p.snapshot() for name, p in plugins.items() if isinstance(p, Replicated)}
+            self._writer.write(frame({"t": "snapshot", "for": message["for"], "items": items}))
+        elif kind == "snapshot":
+            for name, state in message["items"].items():
+                plugin = plugins.get(name)
+                if isinstance(plugin, Replicated):
+                    plugin.restore(state)
+            if message["items"]:
+                log.info("worker %d loaded the shared state of a running worker", self.index)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._writer is not None:
+            self._writer.close()
+
+
+def _stateless_history(plugin: object) -> bool:
+    """Plugins whose HISTORY is a random draw or a counter, which need no sharing."""
+    return plugin.typed_name.type in {"random-picker", "weighted-random-picker", "round-robin-picker",  # type: ignore[attr-defined]
+                                       "max-score-picker"}  # fmt: skip

@@ -1,0 +1,263 @@
+"""`epick serve --workers N`: one port, N processes, one prefix index; a killed worker comes back with
+the shared state; the port cannot be bound twice."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from epick.cli.serve import _serve_args
+from epick.cli.workers import WorkerLink, _Merged, frame, read_frame
+from epick.plugins.prefix.index import PrefixIndex
+from epick.plugins.prefix.scorer import PrefixCacheScorer
+from epick.proxy.server import ENDPOINT_HEADER, WORKER_HEADER
+from tests.conftest import MakeSim
+from tests.datalayer.pages import free_port, wait_until
+
+PREFIXES = [f"system prompt {p}: " + " ".join(f"rule{p}-{i}" for i in range(120)) for p in "abcd"]
+# Affinity alone decides (the default config's load scorers would move a busy prefix on purpose).
+PREFIX_ONLY = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefix-cache-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: prefix-cache-scorer
+  - pluginRef: max-score-picker
+"""
+
+
+def test_a_prefix_index_replica_matches_after_updates_and_a_snapshot() -> None:
+    sent: list[object] = []
+    origin, replica, late = PrefixIndex(100), PrefixIndex(100), PrefixIndex(100)
+    origin.publish = sent.append
+    origin.add("ep-1", [1, 2, 3])
+    origin.add("ep-2", [1, 9])
+    for update in sent:
+        replica.apply_update(update)
+    assert replica.match([1, 2, 3]) == origin.match([1, 2, 3]) == {"ep-1": 3, "ep-2": 1}
+    late.add("ep-3", [7])  # what the late one recorded itself is kept, as the most recent
+    late.restore(origin.snapshot())
+    assert late.match([1, 2, 3]) == {"ep-1": 3, "ep-2": 1} and late.match([7]) == {"ep-3": 1}
+    assert replica.publish is None and len(sent) == 2  # applying publishes nothing again
+
+
+def test_the_scorer_publishes_through_its_index() -> None:
+    scorer, sent = PrefixCacheScorer(), []
+    scorer.replicate(sent.append)
+    scorer.index.add("ep", [5])
+    scorer.replicate(None)
+    scorer.index.add("ep", [6])
+    assert sent == [["ep", [5]]]
+
+
+async def test_frames_carry_64_bit_hashes_and_end_cleanly() -> None:
+    reader = asyncio.StreamReader()
+    reader.feed_data(frame({"t": "u", "items": [["p", ["ep", [2**64 - 1, 3]]]]}))
+    reader.feed_eof()
+    assert await read_frame(reader) == {"t": "u", "items": [["p", ["ep", [2**64 - 1, 3]]]]}
+    assert await read_frame(reader) is None
+
+
+def test_merged_metrics_sum_counters_and_histograms_and_keep_the_largest_gauge() -> None:
+    page = (
+        '# HELP req_total requests\n# TYPE req_total counter\nreq_total{model="m"} {n}\n'
+        "# HELP ready endpoints\n# TYPE ready gauge\nready {g}\n"
+        '# HELP lat seconds\n# TYPE lat histogram\nlat_bucket{le="1.0"} {n}\nlat_bucket{le="+Inf"} {n}\n'
+        "lat_sum {n}\nlat_count {n}\n"
+    )
+    pages = [page.replace("{n}", "3").replace("{g}", "4"), page.replace("{n}", "5").replace("{g}", "2")]
+    merged = {
+        f.name: {(s.name, tuple(s.labels.items())): s.value for s in f.samples}
+        for f in _Merged(pages).collect()
+    }
+    assert merged["req"][("req_total", (("model", "m"),))] == 8
+    assert merged["ready"][("ready", ())] == 4
+    assert merged["lat"][("lat_count", ())] == 8 and merged["lat"][("lat_bucket", (("le", "+Inf"),))] == 8
+
+
+def test_workers_run_the_arguments_as_given_without_workers() -> None:
+    argv = ["serve", "--endpoints", "a:1", "--workers", "2", "--no-extproc", "--workers=3"]
+    assert _serve_args(argv) == ["--endpoints", "a:1", "--no-extproc"]
+
+
+# --- the processes --------------------------------------------------------------------------------
+
+
+@dataclass
+class Served:
+    process: asyncio.subprocess.Process
+    url: str
+    metrics: str
+    log: Path
+
+    def workers(self) -> list[int]:
+        """The worker processes' pids (the supervisor's children)."""
+        path = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+@pytest.fixture
+async def serve(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Served]]]:
+    started: list[asyncio.subprocess.Process] = []
+
+    async def start(endpoints: list[str], *extra: str) -> Served:
+        port, metrics = free_port(), free_port()
+        log = tmp_path / f"serve-{port}.log"
+        config = tmp_path / "prefix-only.yaml"
+        config.write_text(PREFIX_ONLY)
+        command = [sys.executable, "-m", "epick.cli.main", "serve", "--endpoints", ",".join(endpoints),
+                   "--proxy-port", str(port), "--metrics-port", str(metrics), "--no-extproc",
+                   "--expose-endpoint", "--host", "127.0.0.1", "--config-file", str(config),
+                   *extra]  # fmt: skip
+        with log.open("wb") as out:
+            process = await asyncio.create_subprocess_exec(*command, stdout=out, stderr=out)
+        started.append(process)
+        served = Served(process, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics}/metrics", log)
+        await wait_until(
+            lambda: _answers(served.url), timeout=30, what=f"epick serve ({log.read_text()[-500:]})"
+        )
+        return served
+
+    yield start
+    for process in started:
+        if process.returncode is None:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), 15)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+def _answers(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=1) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+async def _route(session: aiohttp.ClientSession, url: str, prefix: str, i: int) -> tuple[str, str]:
+    payload = {"model": "sim-model", "prompt": f"{prefix} question {i}", "max_tokens": 2}
+    async with session.post(url + "/v1/completions", json=payload) as r:
+        assert r.status == 200, await r.text()
+        return r.headers[ENDPOINT_HEADER], r.headers[WORKER_HEADER]
+
+
+async def _rounds(url: str, rounds: int) -> list[tuple[int, str, str]]:
+    """(prefix, endpoint, worker) of each request: every prefix once per round, concurrently, each
+    on a fresh connection (so the kernel hands them to either worker)."""
+    found = []
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for r in range(rounds):
+            routes = await asyncio.gather(*(_route(session, url, p, r) for p in PREFIXES))
+            found += [(p, endpoint, worker) for p, (endpoint, worker) in enumerate(routes)]
+    return found
+
+
+async def test_two_workers_route_every_prefix_as_one_process_would(
+    make_sim: MakeSim, serve: Callable[..., Awaitable[Served]]
+) -> None:
+    sims = [await make_sim(time_scale=1.0) for _ in range(4)]  # a prefill takes milliseconds: real time
+    served = await serve([f"127.0.0.1:{s.port}" for s in sims], "--workers", "2")
+    assert len(served.workers()) == 2
+    # First sight of each prefix, one at a time: recorded by whichever worker took it.
+    first = {p: endpoint for p, endpoint, _ in await _rounds_one_by_one(served.url)}
+    routes = await _rounds(served.url, 12)
+    by_prefix: dict[int, set[str]] = defaultdict(set)
+    for p, endpoint, _ in routes:
+        by_prefix[p].add(endpoint)
+    assert {p: endpoints for p, endpoints in by_prefix.items()} == {
+        p: {first[p]} for p in range(len(PREFIXES))
+    }
+    assert set(Counter(worker for _, _, worker in routes)) == {"0", "1"}  # both workers decided
+    async with aiohttp.ClientSession() as session, session.get(served.metrics) as r:
+        families = {f.name: f for f in text_string_to_metric_families(await r.text())}
+    total = sum(s.value for s in families["inference_objective_request"].samples if s.name.endswith("_total"))
+    assert total == len(routes) + len(PREFIXES)  # both workers' counts, merged
+
+
+async def _rounds_one_by_one(url: str) -> list[tuple[int, str, str]]:
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        return [(p, *await _route(session, url, prefix, -1)) for p, prefix in enumerate(PREFIXES)]
+
+
+async def test_a_killed_worker_comes_back_with_the_shared_state(
+    make_sim: MakeSim, serve: Callable[..., Awaitable[Served]]
+) -> None:
+    sims = [await make_sim(time_scale=1.0) for _ in range(4)]
+    served = await serve([f"127.0.0.1:{s.port}" for s in sims], "--workers", "2")
+    first = {p: endpoint for p, endpoint, _ in await _rounds_one_by_one(served.url)}
+    await _rounds(served.url, 3)
+    victim, survivor = served.workers()
+    loads = served.log.read_text().count("loaded the shared state")
+    os.kill(victim, signal.SIGKILL)
+    await wait_until(
+        lambda: len(served.workers()) == 2 and victim not in served.workers(), timeout=30, what="a new worker"
+    )
+    await wait_until(
+        lambda: served.log.read_text().count("loaded the shared state") > loads,
+        timeout=30,
+        what="the snapshot",
+    )
+    # The service answers throughout; the new worker decides as the old one would have.
+    routes = await _rounds(served.url, 12)
+    assert [(p, e, w) for p, e, w in routes if e != first[p]] == [], first
+    assert len({worker for _, _, worker in routes}) == 2
+    assert "exited with status -9; starting it again" in served.log.read_text()
+    assert survivor in served.workers()
+
+
+async def test_the_port_cannot_be_bound_twice(
+    make_sim: MakeSim, serve: Callable[..., Awaitable[Served]]
+) -> None:
+    sim = await make_sim()
+    served = await serve([f"127.0.0.1:{sim.port}"], "--workers", "2")
+    port = served.url.rsplit(":", 1)[1]
+    for workers in ("1", "2"):
+        second = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "epick.cli.main", "serve", "--endpoints", f"127.0.0.1:{sim.port}",
+            "--proxy-port", port, "--metrics-port", "0", "--no-extproc", "--host", "127.0.0.1",
+            "--workers", workers, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await asyncio.wait_for(second.communicate(), 60)
+        assert second.returncode == 2
+        assert f"cannot listen on 127.0.0.1:{port} for the proxy" in err.decode(), err.decode()
+
+
+def test_flow_control_is_refused_with_workers(capsys: pytest.CaptureFixture[str]) -> None:
+    from epick.cli.main import main
+
+    config = Path(__file__).parents[2] / "config" / "flow-control.yaml"
+    code = main(["serve", "--endpoints", "127.0.0.1:1", "--config-file", str(config), "--workers", "2"])
+    assert code == 2
+    assert "flow control cannot run with --workers above 1" in capsys.readouterr().err
+
+
+def test_the_worker_link_names_what_stays_per_worker(caplog: pytest.LogCaptureFixture) -> None:
+    from epick.plugins.scorers.no_hit_lru import NoHitLruScorer
+
+    plugins = {"prefix-cache-scorer": PrefixCacheScorer(), "no-hit-lru-scorer": NoHitLruScorer()}
+    link = WorkerLink("/nonexistent", 0, lambda: plugins)
+    with caplog.at_level("WARNING"):
+        link.attach()
+    assert "no-hit-lru-scorer (no-hit-lru-scorer)" in caplog.text
+    assert "prefix-cache-scorer (" not in caplog.text
