@@ -215,14 +215,22 @@ class Front:
     single: list[float] = field(default_factory=list)  # p50 at one connection, per round
 
 
+def _family(pid: int) -> Iterator[int]:
+    """The process and its live descendants (`epick serve --workers`' workers)."""
+    yield pid
+    with contextlib.suppress(OSError):
+        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            yield from _family(int(child))
+
+
 def cpu_seconds(pids: list[int]) -> float:
-    """User + system time of these processes and their children that were waited for."""
+    """User + system time of these processes, their live descendants, and the children they waited for."""
     tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
+    for pid in (p for root in pids for p in _family(root)):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        total += sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
+            total += sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
     return total
 
 
@@ -318,6 +326,7 @@ def start_fronts(
         fronts.append(Front(name, f"http://127.0.0.1:{port}", [proc.pid]))
     variants: list[tuple[str, list[str]]] = [
         ("epick proxy default", []),
+        ("epick proxy default (2 workers)", ["--workers", "2"]),
         ("epick proxy round-robin", ["--config-file", str(ROOT / "config" / "round-robin.yaml")]),
     ]
     serve = [*EPICK, "serve", "--endpoints", ",".join(backends), "--log-level", "error"]
@@ -393,6 +402,10 @@ def report(console: Console, fronts: list[Front], args: argparse.Namespace) -> N
             f"{added:+,.0f}" if f is not direct else "0",
         )
     console.print(t)
+    by_name = {f.name: med([r.rps for r in f.runs]) for f in fronts if f.runs}
+    one, two = by_name.get("epick proxy default"), by_name.get("epick proxy default (2 workers)")
+    if one and two:
+        console.print(f"--workers 2 against one worker (default config): {two / one:.2f}× the requests/s")
 
 
 if __name__ == "__main__":

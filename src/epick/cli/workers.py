@@ -52,23 +52,32 @@ from epick.framework.replication import Replicated
 
 log = logging.getLogger(__name__)
 
-_LENGTH = struct.Struct("!I")
+_HEAD = struct.Struct("!IB")  # payload length, kind
+UPDATES, CONTROL = ord("u"), ord("c")  # the hub forwards updates unread; it reads control messages
 FIRST_BACKOFF, MAX_BACKOFF = 0.5, 8.0
 
 
-def frame(message: object) -> bytes:
+def frame(message: dict[str, Any]) -> bytes:
+    """A message on the hub: its kind (updates when `t` is "u"), then msgpack."""
     payload: bytes = msgpack.packb(message, use_bin_type=True)
-    return _LENGTH.pack(len(payload)) + payload
+    return _HEAD.pack(len(payload), UPDATES if message.get("t") == "u" else CONTROL) + payload
+
+
+async def read_raw_frame(reader: asyncio.StreamReader) -> tuple[int, bytes, bytes] | None:
+    """(kind, the whole frame, its payload), or None at the end of the stream."""
+    try:
+        head = await reader.readexactly(_HEAD.size)
+        length, kind = _HEAD.unpack(head)
+        payload = await reader.readexactly(length)
+    except asyncio.IncompleteReadError:
+        return None
+    return kind, head + payload, payload
 
 
 async def read_frame(reader: asyncio.StreamReader) -> Any:
-    """The next message, or None at the end of the stream."""
-    try:
-        head = await reader.readexactly(_LENGTH.size)
-        (length,) = _LENGTH.unpack(head)
-        return msgpack.unpackb(await reader.readexactly(length), raw=False, strict_map_key=False)
-    except asyncio.IncompleteReadError:
-        return None
+    """The next message, decoded, or None at the end of the stream."""
+    raw = await read_raw_frame(reader)
+    return None if raw is None else msgpack.unpackb(raw[2], raw=False, strict_map_key=False)
 
 
 def bind_proxy(host: str, port: int, count: int) -> tuple[list[socket.socket], Any]:
@@ -231,14 +240,16 @@ class Supervisor:
                 frame({"t": "snapshot", "for": worker.index, "items": {}})
             )  # the first: nothing to load
         try:
-            while (message := await read_frame(reader)) is not None:
-                kind = message.get("t")
-                if kind == "u":
-                    data = frame(message)
+            while (raw := await read_raw_frame(reader)) is not None:
+                kind, data, payload = raw
+                if kind == UPDATES:  # forwarded as it came, not decoded
                     for other in self.workers:
                         if other is not worker and other.writer is not None:
                             other.writer.write(data)
-                elif kind == "snapshot":
+                    continue
+                message = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+                kind = message.get("t")
+                if kind == "snapshot":
                     target = self.workers[int(message["for"])]
                     if target.writer is not None:
                         target.writer.write(frame(message))
