@@ -334,6 +334,7 @@ class WorkerLink:
         self._outbox: list[list[object]] = []
         self._flush_pending = False
         self._task: asyncio.Task[None] | None = None
+        self._replicated: dict[str, Replicated] = {}  # by name, as of the last attach
         self.applied = 0
 
     async def connect(self, timeout: float = 10.0) -> None:
@@ -348,9 +349,9 @@ class WorkerLink:
             log.warning(
                 "worker %d: no snapshot of the shared state within %gs; starting empty", self.index, timeout
             )
+        self.attach()
         if isinstance(first, dict):
             self._handle(first)
-        self.attach()
         self._task = asyncio.get_running_loop().create_task(self._read(reader), name="hub link")
 
     def report_metrics(self, port: int) -> None:
@@ -361,9 +362,11 @@ class WorkerLink:
     def attach(self) -> None:
         """(Again, after a config reload) hand every replicated plugin its publisher."""
         unshared = []
+        self._replicated = {}
         for name, plugin in self.plugins().items():
             if isinstance(plugin, Replicated):
                 plugin.replicate(self._publisher(name))
+                self._replicated[name] = plugin
             elif Reads.HISTORY in reads_of(plugin) and not _stateless_history(plugin):
                 unshared.append(f"{name} ({plugin.typed_name.type})")
         if unshared and self.index == 0:
@@ -395,20 +398,20 @@ class WorkerLink:
 
     def _handle(self, message: Any) -> None:
         kind = message.get("t")
-        plugins = self.plugins()
+        replicated = self._replicated
         if kind == "u":
             for name, update in message["items"]:
-                plugin = plugins.get(name)
-                if isinstance(plugin, Replicated):
+                plugin = replicated.get(name)
+                if plugin is not None:
                     plugin.apply_update(update)
                     self.applied += 1
         elif kind == "snapshot?" and self._writer is not None:
-            items = {name: p.snapshot() for name, p in plugins.items() if isinstance(p, Replicated)}
+            items = {name: p.snapshot() for name, p in replicated.items()}
             self._writer.write(frame({"t": "snapshot", "for": message["for"], "items": items}))
         elif kind == "snapshot":
             for name, state in message["items"].items():
-                plugin = plugins.get(name)
-                if isinstance(plugin, Replicated):
+                plugin = replicated.get(name)
+                if plugin is not None:
                     plugin.restore(state)
             if message["items"]:
                 log.info("worker %d loaded the shared state of a running worker", self.index)
