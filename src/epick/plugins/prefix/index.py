@@ -113,3 +113,22 @@ class PrefixIndex:
     def __len__(self) -> int:
         """Distinct block hashes held by any endpoint."""
         return len(self._holders)
+
+
+class SharedIndex:
+    """`epick.framework.replication.Replicated` for a plugin whose state is its `index`: the prefix
+    index is what `epick serve --workers` shares between workers."""
+
+    index: PrefixIndex
+
+    def replicate(self, publish: Publish | None) -> None:
+        self.index.publish = publish
+
+    def apply_update(self, update: object) -> None:
+        self.index.apply_update(update)
+
+    def snapshot(self) -> object:
+        return self.index.snapshot()
+
+    def restore(self, snapshot: object) -> None:
+        self.index.restore(snapshot)

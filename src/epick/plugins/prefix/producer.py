@@ -27,10 +27,9 @@ from pydantic import Field, model_validator
 
 from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads, SchedulingResult
 from epick.framework.datalayer import data_key
-from epick.framework.replication import Publish
 from epick.framework.request import CHARS_PER_TOKEN
 from epick.plugins.prefix.hashing import prompt_block_hashes
-from epick.plugins.prefix.index import PrefixIndex
+from epick.plugins.prefix.index import PrefixIndex, SharedIndex
 from epick.plugins.prefix.scorer import MATCH_DATA_TYPE, PrefixMatch
 from epick.plugins.registry import Handle, Parameters, PluginSpec
 
@@ -67,7 +66,7 @@ class ApproxPrefixParameters(Parameters):
         return self.block_size_tokens
 
 
-class ApproxPrefixCacheProducer(NamedPlugin):
+class ApproxPrefixCacheProducer(SharedIndex, NamedPlugin):
     plugin_type = TYPE
     reads = Reads.PROMPT | Reads.MODEL | Reads.BODY | Reads.HISTORY
 
@@ -122,19 +121,6 @@ class ApproxPrefixCacheProducer(NamedPlugin):
 
     def endpoint_removed(self, name: str) -> None:
         self.index.remove_endpoint(name)
-
-    # `epick serve --workers`: the index is shared by every worker (epick.framework.replication).
-    def replicate(self, publish: Publish | None) -> None:
-        self.index.publish = publish
-
-    def apply_update(self, update: object) -> None:
-        self.index.apply_update(update)
-
-    def snapshot(self) -> object:
-        return self.index.snapshot()
-
-    def restore(self, snapshot: object) -> None:
-        self.index.restore(snapshot)
 
 
 def recording_targets(result: SchedulingResult) -> list[Endpoint]:

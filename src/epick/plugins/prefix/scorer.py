@@ -33,10 +33,9 @@ from epick.framework import (
     state_key,
 )
 from epick.framework.datalayer import data_key
-from epick.framework.replication import Publish
 from epick.framework.request import CHARS_PER_TOKEN
 from epick.plugins.prefix.hashing import prompt_block_hashes
-from epick.plugins.prefix.index import PrefixIndex
+from epick.plugins.prefix.index import PrefixIndex, SharedIndex
 from epick.plugins.registry import Handle, Parameters, PluginSpec, producer_for
 
 TYPE = "prefix-cache-scorer"
@@ -107,7 +106,7 @@ class PrefixMatch:
         return self.cached_bytes(endpoint) // CHARS_PER_TOKEN
 
 
-class PrefixCacheScorer(NamedPlugin):
+class PrefixCacheScorer(SharedIndex, NamedPlugin):
     plugin_type = TYPE
     reads = Reads.PROMPT | Reads.MODEL | Reads.BODY | Reads.HISTORY
 
@@ -197,19 +196,6 @@ class PrefixCacheScorer(NamedPlugin):
         """An endpoint that left holds no blocks: it leaves the index."""
         self.index.remove_endpoint(name)
 
-    # `epick serve --workers`: the index is shared by every worker (epick.framework.replication).
-    def replicate(self, publish: Publish | None) -> None:
-        self.index.publish = publish
-
-    def apply_update(self, update: object) -> None:
-        self.index.apply_update(update)
-
-    def snapshot(self) -> object:
-        return self.index.snapshot()
-
-    def restore(self, snapshot: object) -> None:
-        self.index.restore(snapshot)
-
     @property
     def hit_ratio(self) -> float:
         """Share of prompt blocks found on the chosen endpoint, over all requests recorded."""
@@ -251,8 +237,14 @@ def resolve_producer(handle: Handle, producer_name: str, parameter: str) -> str 
 
 
 def _factory(name: str, params: PrefixCacheParameters, handle: Handle) -> PrefixCacheScorer:
+    return _build(PrefixCacheScorer, name, params, handle)
+
+
+def _build(
+    kind: type[PrefixCacheScorer], name: str, params: PrefixCacheParameters, handle: Handle
+) -> PrefixCacheScorer:
     producer = resolve_producer(handle, params.prefix_match_info_producer_name, "prefixMatchInfoProducerName")
-    return PrefixCacheScorer(
+    return kind(
         name,
         params.block_size_tokens,
         params.max_prefix_blocks_to_match,
@@ -293,18 +285,8 @@ class MultiClusterPrefixCacheScorer(PrefixCacheScorer):
     plugin_type = MULTICLUSTER_TYPE
 
 
-def _multicluster(name: str, params: PrefixCacheParameters, handle: Handle) -> MultiClusterPrefixCacheScorer:
-    producer = resolve_producer(handle, params.prefix_match_info_producer_name, "prefixMatchInfoProducerName")
-    return MultiClusterPrefixCacheScorer(
-        name,
-        params.block_size_tokens,
-        params.max_prefix_blocks_to_match,
-        params.lru_capacity_per_server,
-        block_bytes=params.block_bytes(),
-        producer=producer,
-        match_length_weight=params.match_length_weight,
-        match_length_scale_tokens=params.match_length_scale_tokens,
-    )
+def _multicluster(name: str, params: PrefixCacheParameters, handle: Handle) -> PrefixCacheScorer:
+    return _build(MultiClusterPrefixCacheScorer, name, params, handle)
 
 
 MULTICLUSTER_SPEC = PluginSpec(
