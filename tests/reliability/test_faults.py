@@ -198,11 +198,11 @@ async def test_a_killed_server_loses_no_plain_request_and_only_streams_it_was_se
         nonlocal done
         if at_kill is not None:
             after_kill.add(i)
-        # Every third request is steered to the victim first, and asks for 200 tokens there (the
-        # simulator needs ~50 ms for them: a stream caught at its first chunk cannot have been sent
+        # Every third request is steered to the victim first, and asks for 1,000 tokens there (the
+        # simulator needs ~250 ms for them: a stream caught at its first chunk cannot have been sent
         # whole before the kill); the others ask for 8. Odd requests stream.
         target = names[i % 3]
-        tokens = 200 if target == victim.host_port else 8
+        tokens = 1000 if target == victim.host_port else 8
         out = await send(http, proxy_url(service), i, stream=i % 2 == 1, target=target, max_tokens=tokens)
         done += 1
         return out

@@ -11,6 +11,7 @@ import uvloop
 
 from epick.kvcache.vllm_hashing import DEFAULT_ALGORITHM, HASH_ALGORITHMS
 from epick.sim import tokenizing
+from epick.sim.engine.profiles import DEFAULT_PROFILE, PROFILES
 from epick.sim.errors import FAILURE_TYPES
 from epick.sim.options import KV_EVENTS_ENCODINGS, ServerOptions
 from epick.sim.server import SimServer, serve
@@ -96,7 +97,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="length of a latency spike in wall seconds, not scaled by --time-scale (default 0)",
     )
     p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--num-gpu-blocks", type=int, default=None)
+    p.add_argument(
+        "--engine-profile",
+        choices=list(PROFILES),
+        default=DEFAULT_PROFILE,
+        help="the model and GPUs simulated: step costs and KV blocks (docs/simulator.md)",
+    )
+    p.add_argument("--num-gpu-blocks", type=int, default=None, help="KV blocks (default: the profile's)")
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -127,6 +134,7 @@ def options_from(args: argparse.Namespace) -> ServerOptions:
         max_loras=args.max_loras,
         max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_enable_prefix_caching,
+        profile=args.engine_profile,
     )
     return ServerOptions(
         model=args.model,

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from epick.config import ConfigError, load_config, load_config_file, load_config_text
 from epick.plugins.duration import parse_duration
+from epick.sim.engine.profiles import DEFAULT_PROFILE, PROFILES
 from epick.sim.options import ServerOptions
 from epick.simulate.epick_policy import EpickPolicy
 from epick.simulate.fleet import Arrivals, ClosedLoop, Fleet, Poisson
@@ -323,7 +324,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="how stale the metrics the policy sees are: '50ms', '1s' or seconds (0: fresh every decision)",
     )
     p.add_argument(
-        "--num-gpu-blocks", type=positive_int, default=None, help="KV blocks per server (default: 8B on H100)"
+        "--engine-profile",
+        choices=list(PROFILES),
+        default=DEFAULT_PROFILE,
+        help="the model and GPUs each server simulates: step costs and KV blocks (docs/simulator.md)",
+    )
+    p.add_argument(
+        "--num-gpu-blocks",
+        type=positive_int,
+        default=None,
+        help="KV blocks per server (default: the profile's)",
     )
     p.add_argument("--max-num-seqs", type=positive_int, default=None)
     p.add_argument("--max-loras", type=positive_int, default=None, help="LoRA adapter slots per server")
@@ -394,7 +404,10 @@ def run(args: argparse.Namespace) -> int:
     if args.prefill_servers:
         roles = ["prefill"] * args.prefill_servers + ["decode"] * (args.servers - args.prefill_servers)
     engine = ServerOptions.engine_config(
-        num_gpu_blocks=args.num_gpu_blocks, max_num_seqs=args.max_num_seqs, max_loras=args.max_loras
+        num_gpu_blocks=args.num_gpu_blocks,
+        max_num_seqs=args.max_num_seqs,
+        max_loras=args.max_loras,
+        profile=args.engine_profile,
     )
     engine = dataclasses.replace(engine, cache_output_blocks=workload.reuses_outputs)
     slo = SLO(args.slo_ttft, args.slo_tpot)
@@ -444,8 +457,12 @@ def run(args: argparse.Namespace) -> int:
                     print(f"epick simulate: the {args.workload} workload has no requests", file=sys.stderr)
                     return 2
                 summary = summarize(name, level, result, slo)
-                summary["wall_s"] = time.perf_counter() - started
-                summary["load_kind"] = "concurrency" if closed else ("trace" if trace else "qps")
+                summary.update(
+                    wall_s=time.perf_counter() - started,
+                    load_kind="concurrency" if closed else ("trace" if trace else "qps"),
+                    engine_profile=args.engine_profile,
+                    num_gpu_blocks=engine.num_gpu_blocks,
+                )
                 runs.append(summary)
     print_table(runs)
     print_failures(runs)

@@ -8,6 +8,7 @@ from typing import Literal
 
 from epick.kvcache.vllm_hashing import HASH_ALGORITHMS
 from epick.sim.engine import CostModel, EngineConfig
+from epick.sim.engine.profiles import DEFAULT_PROFILE, engine_profile
 
 Role = Literal["both", "prefill", "decode"]
 KV_EVENTS_ENCODINGS = ("map", "array")  # vLLM 0.34's events (maps tagged by "type"), older (arrays)
@@ -66,8 +67,12 @@ class ServerOptions:
         max_model_len: int | None = None,
         enable_prefix_caching: bool = True,
         cost: CostModel | None = None,
+        profile: str = DEFAULT_PROFILE,
     ) -> EngineConfig:
-        base = EngineConfig()
+        """An engine of `profile` (a model on its GPUs: step costs and KV blocks), with what is given
+        in place of its values. Raises ValueError for an unknown profile."""
+        chosen = engine_profile(profile)
+        base = EngineConfig(num_gpu_blocks=chosen.num_gpu_blocks, cost=chosen.cost)
         return EngineConfig(
             num_gpu_blocks=num_gpu_blocks or base.num_gpu_blocks,
             block_size=block_size or base.block_size,
