@@ -119,10 +119,11 @@ async def serve(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Served]
         log = tmp_path / f"serve-{port}.log"
         config = tmp_path / "prefix-only.yaml"
         config.write_text(PREFIX_ONLY)
+        ext = [] if "--extproc" in extra else ["--no-extproc"]
         command = [sys.executable, "-m", "epick.cli.main", "serve", "--endpoints", ",".join(endpoints),
-                   "--proxy-port", str(port), "--metrics-port", str(metrics), "--no-extproc",
+                   "--proxy-port", str(port), "--metrics-port", str(metrics), *ext,
                    "--expose-endpoint", "--host", "127.0.0.1", "--config-file", str(config),
-                   *extra]  # fmt: skip
+                   *(e for e in extra if e != "--extproc")]  # fmt: skip
         with log.open("wb") as out:
             process = await asyncio.create_subprocess_exec(*command, stdout=out, stderr=out)
         started.append(process)
@@ -261,3 +262,43 @@ def test_the_worker_link_names_what_stays_per_worker(caplog: pytest.LogCaptureFi
         link.attach()
     assert "no-hit-lru-scorer (no-hit-lru-scorer)" in caplog.text
     assert "prefix-cache-scorer (" not in caplog.text
+
+
+async def test_every_worker_serves_ext_proc_on_the_shared_ports(
+    make_sim: MakeSim, serve: Callable[..., Awaitable[Served]]
+) -> None:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    sim = await make_sim()
+    grpc_port, health_port = free_port(), free_port()
+    served = await serve(
+        [f"127.0.0.1:{sim.port}"], "--workers", "2", "--extproc",
+        "--grpc-port", str(grpc_port), "--grpc-health-port", str(health_port), "--no-secure-serving",
+    )  # fmt: skip
+    assert len(served.workers()) == 2
+
+    async def serving(port: int) -> bool:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            try:
+                answer = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+            except grpc.aio.AioRpcError:
+                return False
+            return bool(answer.status == health_pb2.HealthCheckResponse.SERVING)
+
+    for port in (grpc_port, health_port):
+        for _ in range(200):  # both workers bind in their own time
+            if await serving(port):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError(f"nothing serves gRPC health on {port}")
+    # The supervisor holds the ports: a lone epick cannot take them.
+    second = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "epick.cli.main", "serve", "--endpoints", f"127.0.0.1:{sim.port}", "--no-proxy",
+        "--grpc-port", str(grpc_port), "--grpc-health-port", str(free_port()), "--metrics-port", "0",
+        "--host", "127.0.0.1", "--no-secure-serving", stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(second.communicate(), 60)
+    assert second.returncode == 2 and f"cannot listen on 127.0.0.1:{grpc_port} for gRPC" in err.decode(), err

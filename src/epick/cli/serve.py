@@ -218,6 +218,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-hub", default=None, help=argparse.SUPPRESS)
     p.add_argument("--proxy-fd", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--extproc-shared-ports", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
 
@@ -569,7 +570,10 @@ def settle_gc() -> None:
 async def _worker_main(options: ServeOptions, args: argparse.Namespace) -> None:
     """One of `--workers`' processes: the service on the supervisor's socket, linked to its hub."""
     proxy = dataclasses.replace(options.proxy, worker=args.worker_index) if options.proxy else None
-    options = dataclasses.replace(options, metrics_port=0, metrics_host="127.0.0.1", proxy=proxy)
+    extproc = dataclasses.replace(options.extproc, shared_ports=True) if options.extproc else None
+    options = dataclasses.replace(
+        options, metrics_port=0, metrics_host="127.0.0.1", proxy=proxy, extproc=extproc
+    )
     service = Service(options)
     link = WorkerLink(args.worker_hub, args.worker_index, lambda: service.director.config.plugins)
     await link.connect()  # the shared state first: then serve
@@ -610,6 +614,8 @@ def _serve_args(argv: list[str]) -> list[str]:
 def _supervise(args: argparse.Namespace, options: ServeOptions) -> Supervisor:
     if options.proxy is None:
         raise ValueError("--workers above 1 serves the proxy; ext_proc alone runs with --workers 1")
+    if options.extproc is not None and 0 in (options.extproc.port, options.extproc.health_port):
+        raise ValueError("--workers above 1 shares the gRPC ports between workers: give them fixed (not 0)")
     return Supervisor(
         _serve_args(args.argv),
         args.workers,
@@ -617,7 +623,7 @@ def _supervise(args: argparse.Namespace, options: ServeOptions) -> Supervisor:
         port=options.proxy.port,
         metrics_host=options.metrics_host,
         metrics_port=options.metrics_port,
-        extproc=options.extproc is not None,
+        extproc_ports=(options.extproc.port, options.extproc.health_port) if options.extproc else (),
     )
 
 

@@ -17,8 +17,9 @@ One Python process decides and relays on one core. With N workers:
 - A worker that dies is started again (after 0.5 s, doubling to 8 s while it keeps dying). The new
   one loads a snapshot of a running worker's replicated state, so no decision recorded before is lost;
   the connections the dead worker held are reset (their clients see the error).
-- Worker 0 also serves ext_proc (gRPC binds its port once); the supervisor serves `/metrics`, the
-  workers' series merged: counters and histograms summed, gauges the largest.
+- Every worker serves ext_proc too, on the same ports (SO_REUSEPORT; the supervisor holds each port
+  with a lock and a bound, non-listening socket, so nothing else binds it). The supervisor serves
+  `/metrics`, the workers' series merged: counters and histograms summed, gauges the largest.
 - SIGHUP is passed on to every worker (each reloads its config); SIGTERM and SIGINT stop them all.
 """
 
@@ -105,6 +106,26 @@ def bind_proxy(host: str, port: int, count: int) -> tuple[list[socket.socket], A
     return sockets, lock
 
 
+def reserve_grpc(host: str, port: int) -> tuple[Any, socket.socket]:
+    """Keep a gRPC port for the workers: a lock (against another epick) and a socket bound with
+    SO_REUSEPORT but not listening (against anything binding it without; it takes no connections)."""
+    lock = open(Path(tempfile.gettempdir()) / f"epick-grpc-{host}-{port}.lock", "w")  # noqa: SIM115
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        raise OSError(f"cannot listen on {host}:{port} for gRPC: another epick serves it") from None
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        lock.close()
+        raise OSError(f"cannot listen on {host}:{port} for gRPC: {e.strerror or e}") from None
+    return lock, sock
+
+
 # --- the supervisor -------------------------------------------------------------------------------
 
 
@@ -127,13 +148,14 @@ class Supervisor:
         port: int,
         metrics_host: str,
         metrics_port: int | None,
-        extproc: bool,
+        extproc_ports: tuple[int, ...] = (),
     ) -> None:
         self.serve_args = list(serve_args)
         self.workers = [_Worker(i) for i in range(workers)]
         self.host, self.port = host, port
         self.metrics_host, self.metrics_port = metrics_host, metrics_port
-        self.extproc = extproc
+        self.extproc_ports = extproc_ports
+        self._held: list[Any] = []  # the gRPC ports' reservations and locks
         self.stopping = False
         self.sockets: list[socket.socket] = []
         self._lock: Any = None
@@ -145,6 +167,7 @@ class Supervisor:
 
     async def run(self) -> None:
         self.sockets, self._lock = bind_proxy(self.host, self.port, len(self.workers))
+        self._held = [hold for port in self.extproc_ports for hold in reserve_grpc(self.host, port)]
         with tempfile.TemporaryDirectory(prefix="epick-hub-") as tmp:
             self.hub_path = str(Path(tmp) / "hub.sock")
             self._hub = await asyncio.start_unix_server(self._link, self.hub_path)
@@ -180,8 +203,8 @@ class Supervisor:
             fd = self.sockets[worker.index].fileno()
             args = [sys.executable, "-m", "epick.cli.main", "serve", *self.serve_args, "--worker-index",
                     str(worker.index), "--worker-hub", self.hub_path, "--proxy-fd", str(fd)]  # fmt: skip
-            if worker.index > 0 or not self.extproc:
-                args.append("--no-extproc")
+            if self.extproc_ports:
+                args.append("--extproc-shared-ports")
             worker.process = await asyncio.create_subprocess_exec(*args, pass_fds=(fd,))
             code = await worker.process.wait()
             worker.writer = None
@@ -217,8 +240,8 @@ class Supervisor:
             await self._metrics.cleanup()
         if self._hub is not None:
             self._hub.close()
-        for sock in self.sockets:
-            sock.close()
+        for held in [*self.sockets, *self._held]:
+            held.close()
         if self._lock is not None:
             self._lock.close()
 

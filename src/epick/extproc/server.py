@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 # gRPC binds with SO_REUSEPORT by default: a second epick on the same port would start without error
 # and take half of Envoy's streams into a prefix index of its own. Off, the second bind fails.
 _EXCLUSIVE_PORT = [("grpc.so_reuseport", 0)]
+_SHARED_PORT = [("grpc.so_reuseport", 1)]
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 
@@ -115,6 +116,9 @@ class ExtProcOptions:
     # Open ext_proc streams (one per request in flight through the gateway); more are refused with
     # RESOURCE_EXHAUSTED, which a fail-closed gateway answers 5xx. None: no limit.
     max_streams: int | None = 10_000
+    # `epick serve --workers`: every worker listens on the ports (SO_REUSEPORT; the kernel spreads
+    # Envoy's connections over them), and the supervisor keeps anything else off them.
+    shared_ports: bool = False
 
     def __post_init__(self) -> None:
         if self.client_ca_path is not None and not self.secure:
@@ -152,13 +156,14 @@ class ExtProcServer:
             except RuntimeError as e:  # grpc's way of saying the bind failed
                 raise OSError(f"cannot listen on {address} for gRPC: the port is in use ({e})") from None
 
-        self._server = grpc.aio.server(maximum_concurrent_rpcs=options.max_streams, options=_EXCLUSIVE_PORT)
+        binding = _SHARED_PORT if options.shared_ports else _EXCLUSIVE_PORT
+        self._server = grpc.aio.server(maximum_concurrent_rpcs=options.max_streams, options=binding)
         pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(self.director), self._server)
         # Health on the ext_proc port too: a gateway health-checks the cluster it sends ext_proc to.
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self.port = listen(self._server, options.port)
         await self._server.start()
-        self._health_server = grpc.aio.server(options=_EXCLUSIVE_PORT)
+        self._health_server = grpc.aio.server(options=binding)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
         self.health_port = listen(self._health_server, options.health_port, options.health_plaintext)
         await self._health_server.start()
