@@ -213,7 +213,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=int,
         default=1,
         help="processes serving the proxy on one port, sharing the prefix index (epick.cli.workers); "
-        "worker 0 also serves ext_proc",
+        "every worker also serves ext_proc (fixed gRPC ports)",
     )
     p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-hub", default=None, help=argparse.SUPPRESS)
