@@ -169,6 +169,7 @@ EXTPROC_VARIANTS: list[tuple[str, str, str, bool, list[str]]] = [
      ["--no-usage-metrics", "--outlier-consecutive-5xx", "0"]),
     ("Envoy + epick ext_proc (buffered; mode_override)", "BUFFERED", "STREAMED", True,
      ["--no-usage-metrics"]),
+    ("Envoy + epick ext_proc (GIE modes; 2 workers)", FULL_DUPLEX, FULL_DUPLEX, False, ["--workers", "2"]),
 ]  # fmt: skip
 
 

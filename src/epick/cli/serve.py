@@ -218,7 +218,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-hub", default=None, help=argparse.SUPPRESS)
     p.add_argument("--proxy-fd", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--extproc-shared-ports", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
 
@@ -577,7 +576,7 @@ async def _worker_main(options: ServeOptions, args: argparse.Namespace) -> None:
     service = Service(options)
     link = WorkerLink(args.worker_hub, args.worker_index, lambda: service.director.config.plugins)
     await link.connect()  # the shared state first: then serve
-    await service.start(socket.socket(fileno=args.proxy_fd))
+    await service.start(socket.socket(fileno=args.proxy_fd) if args.proxy_fd is not None else None)
     link.report_metrics(service.metrics_bound_port)
     loop = asyncio.get_running_loop()
     stopped = asyncio.Event()
@@ -612,15 +611,15 @@ def _serve_args(argv: list[str]) -> list[str]:
 
 
 def _supervise(args: argparse.Namespace, options: ServeOptions) -> Supervisor:
-    if options.proxy is None:
-        raise ValueError("--workers above 1 serves the proxy; ext_proc alone runs with --workers 1")
+    if options.proxy is None and options.extproc is None:
+        raise ValueError("--workers above 1 needs the proxy or ext_proc to serve")
     if options.extproc is not None and 0 in (options.extproc.port, options.extproc.health_port):
         raise ValueError("--workers above 1 shares the gRPC ports between workers: give them fixed (not 0)")
     return Supervisor(
         _serve_args(args.argv),
         args.workers,
-        host=options.proxy.host,
-        port=options.proxy.port,
+        host=options.proxy.host if options.proxy else options.extproc.host,  # type: ignore[union-attr]
+        port=options.proxy.port if options.proxy else None,
         metrics_host=options.metrics_host,
         metrics_port=options.metrics_port,
         extproc_ports=(options.extproc.port, options.extproc.health_port) if options.extproc else (),

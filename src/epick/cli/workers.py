@@ -145,7 +145,7 @@ class Supervisor:
         workers: int,
         *,
         host: str,
-        port: int,
+        port: int | None,
         metrics_host: str,
         metrics_port: int | None,
         extproc_ports: tuple[int, ...] = (),
@@ -166,7 +166,8 @@ class Supervisor:
         self._stopped = asyncio.Event()
 
     async def run(self) -> None:
-        self.sockets, self._lock = bind_proxy(self.host, self.port, len(self.workers))
+        if self.port is not None:
+            self.sockets, self._lock = bind_proxy(self.host, self.port, len(self.workers))
         self._held = [hold for port in self.extproc_ports for hold in reserve_grpc(self.host, port)]
         with tempfile.TemporaryDirectory(prefix="epick-hub-") as tmp:
             self.hub_path = str(Path(tmp) / "hub.sock")
@@ -179,12 +180,9 @@ class Supervisor:
                 self._spawn(worker)
             if self.metrics_port is not None:
                 await self._serve_metrics()
-            log.info(
-                "epick: %d workers serve the proxy on %s:%d",
-                len(self.workers),
-                self.host,
-                self.sockets[0].getsockname()[1],
-            )
+            served = [f"the proxy on {self.host}:{self.sockets[0].getsockname()[1]}"] if self.sockets else []
+            served += [f"ext_proc on {self.host}:{self.extproc_ports[0]}"] if self.extproc_ports else []
+            log.info("epick: %d workers serve %s", len(self.workers), " and ".join(served))
             try:
                 await self._stopped.wait()
             finally:
@@ -199,13 +197,14 @@ class Supervisor:
         """Run the worker; start it again whenever it exits, until the supervisor stops."""
         backoff = FIRST_BACKOFF
         while not self.stopping:
-            # The supervisor keeps the socket open: connections wait in it while its worker restarts.
-            fd = self.sockets[worker.index].fileno()
             args = [sys.executable, "-m", "epick.cli.main", "serve", *self.serve_args, "--worker-index",
-                    str(worker.index), "--worker-hub", self.hub_path, "--proxy-fd", str(fd)]  # fmt: skip
-            if self.extproc_ports:
-                args.append("--extproc-shared-ports")
-            worker.process = await asyncio.create_subprocess_exec(*args, pass_fds=(fd,))
+                    str(worker.index), "--worker-hub", self.hub_path]  # fmt: skip
+            fds: tuple[int, ...] = ()
+            if self.sockets:
+                # The supervisor keeps the socket open: connections wait in it while its worker restarts.
+                fds = (self.sockets[worker.index].fileno(),)
+                args += ["--proxy-fd", str(fds[0])]
+            worker.process = await asyncio.create_subprocess_exec(*args, pass_fds=fds)
             code = await worker.process.wait()
             worker.writer = None
             if self.stopping:
