@@ -332,7 +332,7 @@ def test_where_envoy_ignores_overrides_none_is_sent(protocol: pb.ProtocolConfigu
 
 def test_full_duplex_with_nothing_to_read_ends_the_stream_once_routed() -> None:
     ex = Exchange(reads_nothing())
-    assert ex.handle(headers(config(FULL_DUPLEX_STREAMED, FULL_DUPLEX_STREAMED))) == []
+    assert ex.handle(headers(config(FULL_DUPLEX_STREAMED, STREAMED))) == []
     answers = ex.handle(body(BODY, eos=True))
     assert kinds(answers) == ["request_headers", "request_body"]
     assert streamed_body(answers[1:]) == (BODY, [True])
@@ -341,9 +341,21 @@ def test_full_duplex_with_nothing_to_read_ends_the_stream_once_routed() -> None:
 
 def test_full_duplex_with_trailers_ends_the_stream_after_answering_them() -> None:
     ex = Exchange(reads_nothing())
-    ex.handle(headers(config(FULL_DUPLEX_STREAMED, FULL_DUPLEX_STREAMED)))
+    ex.handle(headers(config(FULL_DUPLEX_STREAMED, STREAMED)))
     ex.handle(body(BODY, eos=False))
     assert not ex.closed
     answers = ex.handle(pb.ProcessingRequest(request_trailers=pb.HttpTrailers()))
     assert kinds(answers) == ["request_headers", "request_body", "request_trailers"]
     assert ex.closed
+
+
+def test_a_full_duplex_response_keeps_the_stream_to_echo_it() -> None:
+    # Envoy drains each chunk it sends under FULL_DUPLEX_STREAMED: ending the stream would drop those
+    # in flight, so epick stays and echoes them, though it reads nothing.
+    ex = Exchange(reads_nothing())
+    ex.handle(headers(config(FULL_DUPLEX_STREAMED, FULL_DUPLEX_STREAMED)))
+    ex.handle(body(BODY, eos=True))
+    assert not ex.closed and not ex.completed
+    ex.handle(response_headers())
+    answers = ex.handle(response_body(b"data: [DONE]", eos=True))
+    assert streamed_body(answers, "response_body") == (b"data: [DONE]", [True]) and ex.completed

@@ -182,14 +182,18 @@ async def subscribe(ctx: zmq.asyncio.Context, server: SimServer, endpoint: str, 
     socket.connect(endpoint)
     assert server._publisher is not None
     pub = server._publisher.socket
-    async with asyncio.timeout(5):
-        while True:
-            pub.send_multipart([b"kv@probe", b"", b""])
-            if await socket.poll(timeout=20):
-                break
-        pub.send_multipart([b"kv@probe-end", b"", b""])
-        while (await socket.recv_multipart())[0] != b"kv@probe-end":
-            pass
+    try:
+        async with asyncio.timeout(5):
+            while True:
+                pub.send_multipart([b"kv@probe", b"", b""])
+                if await socket.poll(timeout=20):
+                    break
+            pub.send_multipart([b"kv@probe-end", b"", b""])
+            while (await socket.recv_multipart())[0] != b"kv@probe-end":
+                pass
+    except BaseException:
+        socket.close(linger=0)
+        raise
     return Subscriber(socket, layout)
 
 
@@ -209,15 +213,20 @@ class Setup:
 @pytest.fixture
 async def make_kv(
     make_server: ServerFactory, zmq_ctx: zmq.asyncio.Context, http: aiohttp.ClientSession
-) -> Callable[..., Any]:
+) -> AsyncIterator[Callable[..., Any]]:
+    subs: list[Subscriber] = []  # held to the end: the context holds its sockets only weakly
+
     async def make(layout: str = "map", **kw: Any) -> Setup:
         endpoint = f"tcp://127.0.0.1:{free_port()}"
         if layout != "map":
             kw["kv_events_encoding"] = layout
         server = await make_server(kv_events_endpoint=endpoint, **kw)
-        return Setup(server, await subscribe(zmq_ctx, server, endpoint, layout), http)
+        subs.append(await subscribe(zmq_ctx, server, endpoint, layout))
+        return Setup(server, subs[-1], http)
 
-    return make
+    yield make
+    for sub in subs:
+        sub.socket.close(linger=0)
 
 
 def stored(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -25,9 +25,12 @@ ResponseStreaming or ResponseComplete hook and no usage metrics, the answer to t
 carries a `mode_override` (honoured when the filter sets `allow_mode_override`, and neither body mode
 is `FULL_DUPLEX_STREAMED` nor the body is sent early) that turns the response body off, and the
 response headers too when nothing reads their status; the end of the stream then completes the
-response. Under `FULL_DUPLEX_STREAMED`, where Envoy ignores overrides, a config that needs nothing of
-the response ends the stream once the request is routed: Envoy then relays the response without
-asking epick. A gateway that ignores the override sends the response anyway, and it is served as before.
+response. Where Envoy ignores overrides (a `FULL_DUPLEX_STREAMED` request body), a config that needs
+nothing of the response ends the stream once the request is routed, unless the response body is
+`FULL_DUPLEX_STREAMED` too: Envoy drains each response chunk it sends to the processor and drops
+those it sent before it saw the stream end (it re-injects only `STREAMED`'s queued chunks), so epick
+stays and echoes them. A gateway that ignores the override sends the response anyway, and it is
+served as before.
 """
 
 from __future__ import annotations
@@ -334,7 +337,10 @@ class Exchange:
         the response without epick."""
         if self.needs is not ResponseNeeds.NONE or self.closed or self.decision is None:
             return
-        if not self.modes.takes_override:
+        # Not under a FULL_DUPLEX_STREAMED response: Envoy drains each response chunk it sends to
+        # epick, and drops the chunks it sent before it saw the stream end (onGrpcClose re-injects
+        # only STREAMED's queued chunks); the chunks must be echoed back.
+        if not self.modes.takes_override and self.modes.response_body != FULL_DUPLEX_STREAMED:
             self.closed = True
             self._complete(None)
 
