@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_precise.py
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/bench_dataplane.py
+	$(BIN)/python benchmarks/bench_http_stacks.py --quick
 
 demo: $(STAMP)
 	$(BIN)/epick demo
