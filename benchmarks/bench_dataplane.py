@@ -169,7 +169,8 @@ EXTPROC_VARIANTS: list[tuple[str, str, str, bool, list[str]]] = [
      ["--no-usage-metrics", "--outlier-consecutive-5xx", "0"]),
     ("Envoy + epick ext_proc (buffered; mode_override)", "BUFFERED", "STREAMED", True,
      ["--no-usage-metrics"]),
-    ("Envoy + epick ext_proc (GIE modes; 2 workers)", FULL_DUPLEX, FULL_DUPLEX, False, ["--workers", "2"]),
+    ("Envoy (2 threads) + epick ext_proc (GIE modes; 2 workers)", FULL_DUPLEX, FULL_DUPLEX, False,
+     ["--workers", "2"]),
 ]  # fmt: skip
 
 
@@ -357,7 +358,8 @@ def start_fronts(
             "-c",
             str(config),
             "--concurrency",
-            "1",
+            # One Envoy thread opens one connection to ext_proc; with epick's workers, one per worker.
+            next((extra[i + 1] for i, a in enumerate(extra) if a == "--workers"), "1"),
             "--log-level",
             "error",
             "--base-id",
