@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/bench_dataplane.py
 	$(BIN)/python benchmarks/bench_http_stacks.py --quick
+	$(BIN)/python benchmarks/bench_grpc_servers.py --quick
 
 demo: $(STAMP)
 	$(BIN)/epick demo
