@@ -284,13 +284,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp_name, contextlib.ExitStack() as stack:
         tmp = Path(tmp_name)
-        script = tmp / "chat.lua"
-        script.write_text(WRK_SCRIPT.substitute(prefixes=PREFIXES))
-        backend_ports = free_ports(BACKENDS)
-        backends = [f"127.0.0.1:{p}" for p in backend_ports]
-        stack.enter_context(process(["nginx", "-c", str(nginx_config(tmp, backend_ports))]))
-        for b in backends:
-            wait_http(f"http://{b}/metrics")
+        script, backends = static_backends(stack, tmp)
         fronts = [Front("direct (nginx)", f"http://{backends[0]}")]
         fronts += start_fronts(stack, tmp, backends, args, console)
         time.sleep(1.0)  # scrapers have read every backend
@@ -302,6 +296,19 @@ def main() -> None:
                 single = wrk(front.url, script, 1, max(1, round(args.seconds / 2)), front.pids)
                 front.single.append(single.p50)
     report(console, fronts, args)
+
+
+def static_backends(stack: contextlib.ExitStack, tmp: Path) -> tuple[Path, list[str]]:
+    """wrk's script in `tmp`, and the static backends (one nginx on BACKENDS ports) answering, their
+    host:port; nginx stops with `stack`."""
+    script = tmp / "chat.lua"
+    script.write_text(WRK_SCRIPT.substitute(prefixes=PREFIXES))
+    ports = free_ports(BACKENDS)
+    backends = [f"127.0.0.1:{p}" for p in ports]
+    stack.enter_context(process(["nginx", "-c", str(nginx_config(tmp, ports))]))
+    for b in backends:
+        wait_http(f"http://{b}/metrics")
+    return script, backends
 
 
 def start_fronts(

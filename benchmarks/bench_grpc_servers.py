@@ -48,17 +48,7 @@ from pathlib import Path
 import bench_dataplane
 import grpc
 import uvloop
-from bench_dataplane import (
-    FULL_DUPLEX,
-    PREFIXES,
-    WRK_SCRIPT,
-    Run,
-    cpu_seconds,
-    nginx_config,
-    process,
-    wait_http,
-    wrk,
-)
+from bench_dataplane import FULL_DUPLEX, PREFIXES, Run, cpu_seconds, process, static_backends, wait_http, wrk
 from bench_service import free_ports  # this directory is on sys.path when run as a script
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -66,7 +56,6 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from rich.console import Console
 from rich.table import Table
 
-BACKENDS = 4
 CHUNK_BYTES = 62_000  # epick's (and the Go EPP's) largest streamed chunk
 STACKS = ["grpc.aio", "grpc.aio+uvloop", "grpclib+uvloop", "grpc-sync", "epick"]
 SHOWN = {"grpc.aio": "grpc.aio, asyncio", "grpc.aio+uvloop": "grpc.aio on uvloop (epick's setting)",
@@ -301,13 +290,7 @@ def main() -> None:
             stacks.append(Stack(name))
     with tempfile.TemporaryDirectory() as tmp_name, contextlib.ExitStack() as ctx:
         tmp = Path(tmp_name)
-        script = tmp / "chat.lua"
-        script.write_text(WRK_SCRIPT.substitute(prefixes=PREFIXES))
-        backend_ports = free_ports(BACKENDS)
-        backends = [f"127.0.0.1:{p}" for p in backend_ports]
-        ctx.enter_context(process(["nginx", "-c", str(nginx_config(tmp, backend_ports))]))
-        for b in backends:
-            wait_http(f"http://{b}/metrics")
+        script, backends = static_backends(ctx, tmp)
         direct = Stack("direct (nginx)", f"http://{backends[0]}")
         for stack in stacks:
             start(stack, ctx, tmp, backends, envoy)

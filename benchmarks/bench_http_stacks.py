@@ -42,12 +42,11 @@ import aiohttp
 import httptools
 import uvloop
 from aiohttp import web
-from bench_dataplane import PREFIXES, WRK_SCRIPT, Run, nginx_config, process, wait_http, wrk
+from bench_dataplane import PREFIXES, Run, process, static_backends, wait_http, wrk
 from bench_service import free_ports  # this directory is on sys.path when run as a script
 from rich.console import Console
 from rich.table import Table
 
-BACKENDS = 4
 SERVERS = ["aiohttp", "uvicorn", "granian", "protocol", "epick"]
 OPTIONAL = ("uvicorn", "granian", "httpx")  # stacks that are packages of their own, maybe not installed
 # Each server with epick's client, each client with epick's server, and aiohttp with aiohttp (the baseline).
@@ -294,13 +293,7 @@ def main() -> None:
             pairs.append(Pair(server, client))
     with tempfile.TemporaryDirectory() as tmp_name, contextlib.ExitStack() as stack:
         tmp = Path(tmp_name)
-        script = tmp / "chat.lua"
-        script.write_text(WRK_SCRIPT.substitute(prefixes=PREFIXES))
-        backend_ports = free_ports(BACKENDS)
-        backends = [f"127.0.0.1:{p}" for p in backend_ports]
-        stack.enter_context(process(["nginx", "-c", str(nginx_config(tmp, backend_ports))]))
-        for b in backends:
-            wait_http(f"http://{b}/metrics")
+        script, backends = static_backends(stack, tmp)
         direct = Pair("direct (nginx)", "–", f"http://{backends[0]}")
         body = b'{"model":"sim-model","messages":[{"role":"user","content":"hi"}]}'
         for pair in pairs:
