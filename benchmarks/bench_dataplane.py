@@ -265,22 +265,37 @@ def wrk(url: str, script: Path, connections: int, seconds: float, pids: list[int
     return Run(rps, p50, p99, requests, cpu)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def run_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The arguments every wrk benchmark takes: --rounds, --seconds, --quick (see `rounds_of`)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="each run at 64 connections")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 2 s")
-    parser.add_argument("--only", default="", help="comma-separated front names to run (default: all)")
-    args = parser.parse_args()
+    return parser
+
+
+def rounds_of(args: argparse.Namespace) -> None:
     if args.quick:
         args.rounds, args.seconds = 2, 2.0
-    console = Console(width=170)
+
+
+def tools_missing(console: Console, name: str, *also: str) -> bool:
+    """Whether wrk, nginx (or the tools in `also`, paths or names) are missing; if so, say so."""
     missing = [tool for tool in ("wrk", "nginx") if shutil.which(tool) is None]
+    missing += [Path(tool).name for tool in also if not Path(tool).exists() and shutil.which(tool) is None]
     if missing:
-        console.print(f"bench_dataplane: skipped, {' and '.join(missing)} not on PATH "
+        console.print(f"{name}: skipped, {' and '.join(missing)} not found "
                       "(Debian: apt-get install wrk nginx-light)")  # fmt: skip
+    return bool(missing)
+
+
+def main() -> None:
+    parser = run_parser(__doc__)
+    parser.add_argument("--only", default="", help="comma-separated front names to run (default: all)")
+    args = parser.parse_args()
+    rounds_of(args)
+    console = Console(width=170)
+    if tools_missing(console, "bench_dataplane"):
         return
     with tempfile.TemporaryDirectory() as tmp_name, contextlib.ExitStack() as stack:
         tmp = Path(tmp_name)

@@ -48,7 +48,19 @@ from pathlib import Path
 import bench_dataplane
 import grpc
 import uvloop
-from bench_dataplane import FULL_DUPLEX, PREFIXES, Run, cpu_seconds, process, static_backends, wait_http, wrk
+from bench_dataplane import (
+    FULL_DUPLEX,
+    PREFIXES,
+    Run,
+    cpu_seconds,
+    process,
+    rounds_of,
+    run_parser,
+    static_backends,
+    tools_missing,
+    wait_http,
+    wrk,
+)
 from bench_service import free_ports  # this directory is on sys.path when run as a script
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -260,12 +272,7 @@ def measure(stack: Stack, script: Path, seconds: float) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=5.0, help="each run at 64 connections")
-    parser.add_argument("--quick", action="store_true", help="2 rounds of 2 s")
+    parser = run_parser(__doc__)
     parser.add_argument("--serve", choices=STACKS[:-1], help=argparse.SUPPRESS)  # an ext_proc server
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--backends", default="", help=argparse.SUPPRESS)
@@ -273,14 +280,10 @@ def main() -> None:
     if args.serve:
         serve(args.serve, args.port, args.backends.split(","))
         return
-    if args.quick:
-        args.rounds, args.seconds = 2, 2.0
+    rounds_of(args)
     console = Console(width=170)
     envoy = os.environ.get("ENVOY") or shutil.which("envoy") or str(Path(sys.executable).with_name("envoy"))
-    missing = [tool for tool in ("wrk", "nginx") if shutil.which(tool) is None]
-    missing += [] if Path(envoy).exists() else ["envoy"]
-    if missing:
-        console.print(f"bench_grpc_servers: skipped, {' and '.join(missing)} not found")
+    if tools_missing(console, "bench_grpc_servers", envoy):
         return
     stacks = []
     for name in STACKS:

@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import importlib.util
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -42,7 +41,17 @@ import aiohttp
 import httptools
 import uvloop
 from aiohttp import web
-from bench_dataplane import PREFIXES, Run, process, static_backends, wait_http, wrk
+from bench_dataplane import (
+    PREFIXES,
+    Run,
+    process,
+    rounds_of,
+    run_parser,
+    static_backends,
+    tools_missing,
+    wait_http,
+    wrk,
+)
 from bench_service import free_ports  # this directory is on sys.path when run as a script
 from rich.console import Console
 from rich.table import Table
@@ -262,12 +271,7 @@ class Pair:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=5.0, help="each run at 64 connections")
-    parser.add_argument("--quick", action="store_true", help="2 rounds of 2 s")
+    parser = run_parser(__doc__)
     parser.add_argument("--serve", choices=SERVERS, help=argparse.SUPPRESS)  # a proxy, for the measurement
     parser.add_argument("--client", choices=CLIENTS, default="epick", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -276,13 +280,9 @@ def main() -> None:
     if args.serve:
         serve(args.serve, args.client, args.port, args.backends.split(","))
         return
-    if args.quick:
-        args.rounds, args.seconds = 2, 2.0
+    rounds_of(args)
     console = Console(width=150)
-    missing = [tool for tool in ("wrk", "nginx") if shutil.which(tool) is None]
-    if missing:
-        console.print(f"bench_http_stacks: skipped, {' and '.join(missing)} not on PATH "
-                      "(Debian: apt-get install wrk nginx-light)")  # fmt: skip
+    if tools_missing(console, "bench_http_stacks"):
         return
     pairs: list[Pair] = []
     for server, client in PAIRS:

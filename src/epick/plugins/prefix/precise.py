@@ -275,11 +275,11 @@ class PrecisePrefixCacheProducer(NamedPlugin):
                 weighted[pod] = weighted.get(pod, 0.0) + s
                 runs[pod] = runs.get(pod, 0) + lengths[pod]
         total = sum(len(k) for k in per_prompt)
-        pods = {name: pod for pod, name in ids.items()}
 
         def tiers(endpoint: str) -> dict[str, int]:
+            """Computed only when a consumer asks (p2p-source-producer): nothing on the common path."""
             counts: dict[str, int] = {}
-            pod = pods.get(endpoint)
+            pod = next((pod for pod, name in ids.items() if name == endpoint), None)
             if pod is None:
                 return counts
             for keys in per_prompt:
