@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_dataplane.py
 	$(BIN)/python benchmarks/bench_http_stacks.py --quick
 	$(BIN)/python benchmarks/bench_grpc_servers.py --quick
+	$(BIN)/python benchmarks/bench_predictor.py --quick
 
 demo: $(STAMP)
 	$(BIN)/epick demo

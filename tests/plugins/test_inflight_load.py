@@ -201,7 +201,7 @@ def test_affinity_exploration_lets_everyone_through() -> None:
         ({"affinityThreshold": 1.5}, "affinityThreshold", ""),
         ({"explorationProbability": 2}, "explorationProbability", ""),
         ({"ttftSource": ""}, "ttftSource", "not empty"),
-        ({"ttftSource": "latencyPredictor"}, "ttftSource", "predicted-latency-producer"),
+        ({"ttftSource": "other"}, "ttftSource", "is not allowed here"),
         ({"peakPrefillThroughput": 0}, "", "peakPrefillThroughput must be > 0"),
     ],
 )
@@ -214,6 +214,15 @@ def test_affinity_bad_parameters(params: dict[str, object], path: str, message: 
     issue = info.value.issues[0]
     assert issue.path == "plugins[0].parameters" + (f".{path}" if path else "")
     assert message in issue.message
+
+
+def test_affinity_filter_on_predicted_ttft_adds_the_latency_producer() -> None:
+    config = load(
+        "plugins:\n- type: prefix-cache-affinity-filter\n  parameters: {ttftSource: latencyPredictor}\n"
+    )
+    assert "predicted-latency-producer" in config.plugins
+    f = config.plugins["prefix-cache-affinity-filter"]
+    assert isinstance(f, PrefixCacheAffinityFilter) and f.inflight is None and f.latency_key is not None
 
 
 def test_affinity_filter_adds_both_producers_it_reads() -> None:

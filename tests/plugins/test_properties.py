@@ -52,6 +52,8 @@ from epick.plugins.filters.role import DecodeFilter, EncodeFilter, PrefillFilter
 from epick.plugins.filters.topology_affinity import TopologyAffinityFilter
 from epick.plugins.filters.utilization import UtilizationDetector, UtilizationParameters
 from epick.plugins.filters.utilization_filter import UtilizationFilter, UtilizationFilterParameters
+from epick.plugins.latency.scorer import LatencyScorer
+from epick.plugins.latency.tier_filter import SLOHeadroomTierFilter
 from epick.plugins.load.concurrency import ConcurrencyDetector, ConcurrencyParameters
 from epick.plugins.load.inflight import InFlightLoadProducer
 from epick.plugins.multimodal.scorer import MMEmbeddingsCacheScorer
@@ -189,6 +191,7 @@ def every_scorer(clock: FakeClock, inflight: InFlightLoadProducer | None = None)
         MultiClusterQueueScorer(),
         MultiClusterKVCacheUtilizationScorer(),
         MultiClusterPrefixCacheScorer(block_size_tokens=1, lru_capacity_per_server=20),
+        LatencyScorer(prefix_producer="approx-prefix-cache-producer"),
     ]
 
 
@@ -291,7 +294,7 @@ def test_scores_are_in_unit_interval_for_valid_metrics(
 @given(
     request=requests(),
     endpoints=endpoint_lists(wild=True),
-    weights=st.lists(st.floats(0.0, 10.0), min_size=20, max_size=20),
+    weights=st.lists(st.floats(0.0, 10.0), min_size=21, max_size=21),
     seed=st.integers(0, 2**16),
 )
 def test_scores_after_the_runtime_clamps_are_in_unit_interval(
@@ -375,6 +378,7 @@ def some_filters(selector: LabelSelectorParameters, params: UtilizationParameter
         ),
         ContextLengthAware(label=LABEL_KEYS[0], enable_filtering=True),
         UtilizationDetector(params=params, clock=FakeClock()),
+        SLOHeadroomTierFilter(rng=random.Random(0)),
     ]
 
 

@@ -23,6 +23,10 @@ from epick.plugins.filters import (
 from epick.plugins.filters import endpoint_attribute as endpoint_attribute_filter
 from epick.plugins.filters import topology_affinity as topology_affinity_filter
 from epick.plugins.flowcontrol import eviction, fairness, ordering, program_aware, usage_limits
+from epick.plugins.latency import admitter as latency_admitter
+from epick.plugins.latency import producer as latency_producer
+from epick.plugins.latency import scorer as latency_scorer
+from epick.plugins.latency import tier_filter as slo_tier_filter
 from epick.plugins.load import concurrency, inflight
 from epick.plugins.multimodal import producer as mm_producer
 from epick.plugins.multimodal import scorer as mm_scorer
@@ -124,6 +128,10 @@ def in_tree_plugins() -> list[PluginSpec]:
         inflight.SPEC,
         concurrency.SPEC,
         prefix_affinity.SPEC,
+        latency_producer.SPEC,
+        latency_scorer.SPEC,
+        slo_tier_filter.SPEC,
+        latency_admitter.SPEC,
         utilization_filter.SPEC,
         session_producer.SPEC,
         session_filter.SPEC,

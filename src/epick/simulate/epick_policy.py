@@ -35,6 +35,7 @@ from epick.framework import (
     Response,
     Snapshot,
     TokenizedPrompt,
+    Usage,
     reads_of,
 )
 from epick.kvcache import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEvent, KVEventSink
@@ -68,9 +69,12 @@ class EpickPolicy:
         # Plugins that keep a KV-block index hear the simulated engines' events (in virtual time),
         # and read the request's token ids, which the simulated client sends as the engine sees them.
         self.sinks = [p for p in config.plugins.values() if isinstance(p, KVEventSink)]
-        for sink in self.sinks:
-            if hasattr(sink, "clock"):
-                sink.clock = lambda: self._now  # speculative entries expire in virtual time
+        # Plugins that keep time (speculative index entries, response timings) keep virtual time.
+        for plugin in config.plugins.values():
+            if callable(getattr(plugin, "clock", None)):
+                plugin.clock = lambda: self._now  # type: ignore[attr-defined]
+        self._served: dict[str, int] = {}  # request id -> tokens it produced
+        self._responses: dict[str, Response] = {}  # streaming, by request id
         self.reads_tokens = any(reads_of(p) & Reads.TOKENS for p in config.plugins.values())
         self._held: dict[int, tuple[SimRequestSpec, CycleState]] = {}  # request key -> (spec, its state)
         self._prefills: dict[str, int | None] = {}  # dispatched by flow control: their prefill server
@@ -230,9 +234,38 @@ class EpickPolicy:
             return self._prefills.pop(request.request_id)
         return self._prefill
 
+    # Timed: a response as it streams back.
+    def first_token(self, request: SimRequestSpec, now: float) -> None:
+        """The first chunk: the response's headers and first chunk reach the hooks (in virtual time)."""
+        entry = self._requests.get(request.request_id)
+        hooks = self.config.hooks
+        if entry is None or not (hooks.response_received or hooks.response_streaming):
+            return
+        self._now = now
+        req, endpoint = entry
+        response = Response(req.request_id, streaming=True)
+        self._responses[request.request_id] = response
+        self._received(request, req, response, endpoint)
+        for streaming in hooks.response_streaming:
+            streaming.response_streaming(req, response, endpoint)
+
+    def served(self, request: SimRequestSpec, output_tokens: int) -> None:
+        self._served[request.request_id] = output_tokens
+
+    def _received(
+        self, request: SimRequestSpec, req: InferenceRequest, response: Response, endpoint: Endpoint
+    ) -> None:
+        for received in self.config.hooks.response_received:
+            received.response_received(req, response, endpoint)
+        if request.session and response.add_headers:
+            self._session_headers[request.session] = dict(response.add_headers)
+
     def finished(self, request: SimRequestSpec, server: int, now: float) -> None:
-        """The response hooks, in the order the service runs them: headers received, then complete
-        (the simulation has no separate event for the first)."""
+        """The end of the response hooks (`first_token` ran its start): complete, with the tokens the
+        usage reports; a request that failed completes with an error."""
+        self._now = now
+        tokens = self._served.pop(request.request_id, None)
+        response = self._responses.pop(request.request_id, None)
         entry = self._requests.pop(request.request_id, None)
         if entry is None:
             return
@@ -240,11 +273,13 @@ class EpickPolicy:
         if not hooks.response_received and not hooks.response_complete:
             return
         req, endpoint = entry
-        response = Response(req.request_id)
-        for received in hooks.response_received:
-            received.response_received(req, response, endpoint)
-        if request.session and response.add_headers:
-            self._session_headers[request.session] = dict(response.add_headers)
+        if response is None:
+            response = Response(req.request_id, streaming=True)
+            self._received(request, req, response, endpoint)
+        if tokens is None:
+            response.status, response.error = 500, "the simulated request failed"
+        else:
+            response.usage = Usage(len(request.tokens), tokens)
         response.end_of_stream = True
         for complete in hooks.response_complete:
             complete.response_complete(req, response, endpoint)

@@ -57,10 +57,12 @@ from epick.simulate.types import (
     RefusedError,
     ServerView,
     SimRequestSpec,
+    Timed,
 )
 
-_ARRIVE, _ENGINE, _DISPATCH, _KV_EVENTS, _RESTART, _RETURN = 0, 1, 2, 3, 4, 5
-_BACKGROUND = (_KV_EVENTS, _RESTART, _RETURN)  # events that do not keep a run going on their own
+_ARRIVE, _ENGINE, _DISPATCH, _KV_EVENTS, _RESTART, _RETURN, _FIRST_TOKEN = 0, 1, 2, 3, 4, 5, 6
+# Events that do not keep a run going on their own.
+_BACKGROUND = (_KV_EVENTS, _RESTART, _RETURN, _FIRST_TOKEN)
 _PREFILL = "#prefill"  # suffix of the id of a request's prefill part
 _EVENTS_PER_COLLECTION = 100_000
 
@@ -111,7 +113,7 @@ class FleetResult:
 OutputPlan = Callable[[SimRequestSpec], Sequence[int]]
 
 
-_EventData = SimRequestSpec | tuple[int, int] | int | tuple[int, int, list[Any]]
+_EventData = SimRequestSpec | tuple[int, int] | int | tuple[int, int, list[Any]] | str
 
 
 class Fleet:
@@ -172,6 +174,10 @@ class Fleet:
         self._earlier_prefix = [0, 0]  # prefix lookups and hits of engines replaced by restarts
         self._disaggregating = policy if isinstance(policy, Disaggregating) else None
         self._queueing = policy if isinstance(policy, Queueing) else None
+        self._timed = policy if isinstance(policy, Timed) else None
+        if self._timed is not None:
+            for e in self.engines:
+                e.first_tokens = []
         self._held: dict[str, SimRequestSpec] = {}  # requests the policy holds
         self._dispatch_version = 0  # the dispatch wakeup in the queue that is current
         # Prefill requests in flight: their id -> (the request, its decode server).
@@ -244,6 +250,13 @@ class Fleet:
         if time is not None:
             self._version[server] += 1
             self._push(time, _ENGINE, (server, self._version[server]))
+        first = self.engines[server].first_tokens
+        if first:
+            for req in first:
+                if not req.request_id.endswith(_PREFILL):
+                    assert req.first_token_time is not None
+                    self._push(req.first_token_time, _FIRST_TOKEN, req.request_id)
+            first.clear()
 
     def _scrape(self, now: float) -> None:
         epoch = math.floor(now / self.scrape_interval) if self.scrape_interval > 0 else -2
@@ -410,6 +423,8 @@ class Fleet:
                 record.cached_tokens = max(req.num_cached_tokens, 0)
             record.output_tokens = req.num_output_tokens
             spec = self._in_flight.pop(req.request_id)
+            if self._timed is not None:
+                self._timed.served(spec, record.output_tokens)
             self.policy.finished(spec, server, now)
             self._done(spec, now)
         if finished and self._held:
@@ -489,6 +504,11 @@ class Fleet:
             elif kind == _RETURN:
                 assert isinstance(data, int)
                 self._return(data, clock)
+            elif kind == _FIRST_TOKEN:
+                assert isinstance(data, str) and self._timed is not None
+                spec = self._in_flight.get(data)
+                if spec is not None:  # not failed meanwhile (a restart)
+                    self._timed.first_token(spec, clock)
             else:
                 assert isinstance(data, SimRequestSpec)
                 self._arrive(data, clock)
@@ -551,6 +571,7 @@ class Fleet:
         self._earlier_prefix[1] += old.scheduler.prefix_hits
         new = self._engine_kind(old.config)
         new.track_loras = old.track_loras
+        new.first_tokens = [] if old.first_tokens is not None else None
         self.engines[server] = new
         self._version[server] += 1  # the old engine's next event goes stale
         self._generation[server] += 1

@@ -109,6 +109,16 @@ class KVEventConsumer(Protocol):
 
 
 @runtime_checkable
+class Timed(Protocol):
+    """A policy that hears a streamed response as a router does: `first_token` when a request's first
+    token leaves its server, and `served` with the tokens it produced just before its `finished`."""
+
+    def first_token(self, request: SimRequestSpec, now: float) -> None: ...
+
+    def served(self, request: SimRequestSpec, output_tokens: int) -> None: ...
+
+
+@runtime_checkable
 class Queueing(Protocol):
     """A policy that may hold requests (`route` answered `HELD`) and dispatch them later."""
 

@@ -10,24 +10,29 @@ pass too. Otherwise the sticky ones pass, unless the load gate breaks stickiness
 TTFT minus the best other's must not exceed it, where TTFT = in-flight tokens /
 `peakPrefillThroughput` (15928 tokens/s) × 1000 (`ttftSource: prefillThroughput`, reading
 `inFlightLoadProducerName`'s producer, added with defaults when the config has none).
-`ttftSource: latencyPredictor` needs `predicted-latency-producer`, which epick does not implement yet:
-it is refused at load.
+With `ttftSource: latencyPredictor` the TTFTs are the predictions of
+`latencyPredictionInfoProducerName` (default `predicted-latency-producer`, added when the config has
+none); a candidate without one never counts as the fastest.
 """
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads
 from epick.framework.datalayer import data_key
+from epick.plugins.latency.producer import DATA_TYPE as LATENCY_DATA_TYPE
+from epick.plugins.latency.producer import TYPE as LATENCY_TYPE
+from epick.plugins.latency.producer import LatencyPrediction, resolve_latency
 from epick.plugins.load.inflight import TYPE as INFLIGHT_TYPE
 from epick.plugins.load.inflight import InFlightLoadProducer, resolve_inflight
 from epick.plugins.prefix.scorer import MATCH_DATA_TYPE, PrefixMatch, resolve_producer
-from epick.plugins.registry import Handle, ParameterError, Parameters, PluginSpec
+from epick.plugins.registry import Handle, Parameters, PluginSpec
 
 TYPE = "prefix-cache-affinity-filter"
 
@@ -73,15 +78,22 @@ class PrefixCacheAffinityFilter(NamedPlugin):
         *,
         prefix_producer: str | None = None,
         inflight: InFlightLoadProducer | None = None,
+        latency_producer: str | None = None,
         rng: random.Random | None = None,
     ) -> None:
         super().__init__(name)
         self.params = params or PrefixAffinityParameters()
         self.match_key = data_key(MATCH_DATA_TYPE, prefix_producer) if prefix_producer else None
         self.inflight = inflight
+        self.latency_key = data_key(LATENCY_DATA_TYPE, latency_producer) if latency_producer else None
         self.rng = rng or random.Random()
 
-    def ttft_ms(self, endpoint: Endpoint) -> float:
+    def ttft_ms(
+        self, endpoint: Endpoint, predictions: Mapping[str, LatencyPrediction] | None = None
+    ) -> float:
+        if self.latency_key is not None:
+            found = predictions.get(endpoint.name) if predictions else None
+            return found.ttft if found is not None else math.inf
         tokens = self.inflight.load(endpoint.name).tokens if self.inflight is not None else 0
         return tokens / self.params.peak_prefill_throughput * 1000.0
 
@@ -105,30 +117,32 @@ class PrefixCacheAffinityFilter(NamedPlugin):
             return list(endpoints)
         others = [ep for ep in endpoints if ep not in sticky]
         if p.max_ttft_penalty_ms > 0 and others:
-            best_sticky = min(self.ttft_ms(ep) for ep in sticky)
-            best_other = min(self.ttft_ms(ep) for ep in others)
-            if best_sticky - best_other > p.max_ttft_penalty_ms:
+            predictions = cycle_state.read(self.latency_key, dict) if self.latency_key else None
+            best_sticky = min(self.ttft_ms(ep, predictions) for ep in sticky)
+            best_other = min(self.ttft_ms(ep, predictions) for ep in others)
+            # Neither side predicted (inf − inf): no signal, no gate (upstream's MaxFloat64 − MaxFloat64).
+            if best_sticky != best_other and best_sticky - best_other > p.max_ttft_penalty_ms:
                 return list(endpoints)
         return sticky
 
 
 def _factory(name: str, params: PrefixAffinityParameters, handle: Handle) -> PrefixCacheAffinityFilter:
-    if params.max_ttft_penalty_ms > 0 and params.ttft_source == "latencyPredictor":
-        raise ParameterError(
-            "ttftSource",
-            "ttftSource latencyPredictor reads predicted-latency-producer, an upstream type epick does not "
-            "implement yet",
-            "use prefillThroughput, or maxTTFTPenaltyMs: 0 for no load gate",
-        )
     prefix = resolve_producer(handle, params.prefix_match_info_producer_name, "prefixMatchInfoProducerName")
     inflight = None
-    if params.max_ttft_penalty_ms > 0:
+    latency: str | None = None
+    if params.max_ttft_penalty_ms > 0 and params.ttft_source == "latencyPredictor":
+        producer = resolve_latency(
+            handle, params.latency_prediction_info_producer_name, "latencyPredictionInfoProducerName"
+        )
+        latency = producer.name if producer is not None else LATENCY_TYPE
+    elif params.max_ttft_penalty_ms > 0:
         inflight = resolve_inflight(handle, params.in_flight_load_producer_name, "inFlightLoadProducerName")
     return PrefixCacheAffinityFilter(
         name,
         params,
         prefix_producer=prefix or "approx-prefix-cache-producer",
         inflight=inflight,
+        latency_producer=latency,
         rng=handle.rng(name),
     )
 
@@ -138,6 +152,9 @@ def _requires(params: PrefixAffinityParameters, api_version: str = "") -> tuple[
     gated = params.max_ttft_penalty_ms > 0 and params.ttft_source == "prefillThroughput"
     if gated and not params.in_flight_load_producer_name:
         needed.append(INFLIGHT_TYPE)
+    predicted = params.max_ttft_penalty_ms > 0 and params.ttft_source == "latencyPredictor"
+    if predicted and not params.latency_prediction_info_producer_name:
+        needed.append(LATENCY_TYPE)
     return tuple(needed)
 
 

@@ -73,6 +73,9 @@ class Engine:
         self.num_preemptions = 0
         self.busy_time = 0.0
         self.steps = 0
+        # When a list: requests whose first token a step computed are appended (a fleet that tells
+        # its router when each first token leaves takes them).
+        self.first_tokens: list[SimRequest] | None = None
 
     # What the outside sees.
     @property
@@ -199,6 +202,8 @@ class Engine:
         req.num_tokens += 1
         if req.first_token_time is None:
             req.first_token_time = end
+            if self.first_tokens is not None:
+                self.first_tokens.append(req)
         req.last_token_time = end
         return True
 

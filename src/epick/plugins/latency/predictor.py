@@ -1,0 +1,220 @@
+"""The latency predictor: a request's TTFT and TPOT (milliseconds) on each candidate endpoint.
+
+A prediction reads one row of features per candidate (`FEATURES`; upstream's predictor reads the same
+ones, llm-d/llm-d-latency-predictor, plus the uncached prompt it derives from them):
+
+    kv_cache         KV-cache use, 0..1, as last scraped
+    input_tokens     the prompt's tokens
+    waiting          requests waiting on the endpoint, as last scraped
+    running          requests in flight on it (this EPP's count, else the scrape's)
+    prefix_score     the share of the prompt's blocks the endpoint holds, 0..1
+    prefill_tokens   uncached prompt tokens in flight on it, not yet past their first token
+    decode_tokens    decode tokens in flight on it (0 where unknown, as upstream sends)
+    uncached_tokens  (1 - prefix_score) * input_tokens: what this request itself must compute
+    pod_type         0 serves both phases, 1 prefill, 2 decode
+
+`OnlinePredictor` answers from `AnalyticModel` (a vLLM step's cost, below) until it has seen
+`min_samples` responses, then from models it fits on the last `window` responses it observed, refitted
+every `retrain_every` new ones. Fitting is synchronous and deterministic (a simulation replays the same
+decisions); a fit costs a few milliseconds at the default window (benchmarks/bench_predictor.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+FEATURES = (
+    "kv_cache",
+    "input_tokens",
+    "waiting",
+    "running",
+    "prefix_score",
+    "prefill_tokens",
+    "decode_tokens",
+    "uncached_tokens",
+    "pod_type",
+)
+KV, INPUT, WAITING, RUNNING, PREFIX, PREFILL, DECODE, UNCACHED, POD_TYPE = range(len(FEATURES))
+POD_TYPES = {"": 0, "both": 0, "prefill": 1, "decode": 2}
+
+Matrix = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class Features:
+    """One candidate's row, before it joins a matrix."""
+
+    kv_cache: float = 0.0
+    input_tokens: int = 0
+    waiting: int = 0
+    running: int = 0
+    prefix_score: float = 0.0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    pod_type: str = ""
+
+    def row(self) -> list[float]:
+        prefix = _unit(self.prefix_score)
+        return [
+            _unit(self.kv_cache),
+            float(max(self.input_tokens, 0)),
+            float(max(self.waiting, 0)),
+            float(max(self.running, 0)),
+            prefix,
+            float(max(self.prefill_tokens, 0)),
+            float(max(self.decode_tokens, 0)),
+            (1.0 - prefix) * max(self.input_tokens, 0),
+            float(POD_TYPES.get(self.pod_type, 0)),
+        ]
+
+
+def _unit(x: float) -> float:
+    """`x` within [0, 1]; 0 for what is not a number (a garbage scrape)."""
+    return min(max(x, 0.0), 1.0) if math.isfinite(x) else 0.0
+
+
+def matrix(rows: Sequence[Features]) -> Matrix:
+    return np.array([f.row() for f in rows], dtype=np.float64).reshape(len(rows), len(FEATURES))
+
+
+@dataclass(frozen=True, slots=True)
+class AnalyticModel:
+    """What a vLLM engine's steps cost, in milliseconds, from a few constants.
+
+    TTFT: the prompt tokens queued ahead of this request plus its own uncached ones, computed at
+    `prefill_tokens_per_s` (upstream's `peakPrefillThroughput` default), plus a step's fixed cost, plus
+    the decode work of the running requests that shares those steps. TPOT: a decode step's fixed cost,
+    one sequence's share per running request, and attention over the context, which grows with the
+    KV cache in use. The defaults are Llama-3.1-8B on one H100 (docs/simulator.md, "Engine profiles");
+    the online models take over once responses arrive.
+    """
+
+    step_ms: float = 6.0
+    prefill_tokens_per_s: float = 15928.0
+    ttft_per_running_ms: float = 0.1
+    tpot_per_running_ms: float = 0.05
+    tpot_full_kv_ms: float = 17.0
+
+    def ttft(self, x: Matrix) -> Matrix:
+        work = x[:, PREFILL] + x[:, UNCACHED]
+        result: Matrix = (
+            self.step_ms
+            + work * (1000.0 / self.prefill_tokens_per_s)
+            + x[:, RUNNING] * self.ttft_per_running_ms
+        )
+        return result
+
+    def tpot(self, x: Matrix) -> Matrix:
+        result: Matrix = (
+            self.step_ms + x[:, RUNNING] * self.tpot_per_running_ms + x[:, KV] * self.tpot_full_kv_ms
+        )
+        return result
+
+
+class Fitted(Protocol):
+    def predict(self, x: Matrix) -> Matrix: ...
+
+
+# Fits a model on rows and targets (milliseconds); None when it cannot (too few distinct rows).
+Learner = Callable[[Matrix, Matrix], Fitted | None]
+
+
+class _Series:
+    """One target's recent observations and the model fitted on them."""
+
+    def __init__(self, window: int) -> None:
+        self.rows: deque[list[float]] = deque(maxlen=window)
+        self.targets: deque[float] = deque(maxlen=window)
+        self.since_fit = 0
+        self.model: Fitted | None = None
+        self.fits = 0
+
+    def add(self, row: list[float], target: float) -> None:
+        self.rows.append(row)
+        self.targets.append(target)
+        self.since_fit += 1
+
+
+class OnlinePredictor:
+    """TTFT and TPOT per candidate: analytic until `min_samples` observations, learned after."""
+
+    def __init__(
+        self,
+        learner: Learner | None,
+        *,
+        analytic: AnalyticModel | None = None,
+        window: int = 4000,
+        min_samples: int = 200,
+        retrain_every: int = 200,
+    ) -> None:
+        if window < 1 or min_samples < 1 or retrain_every < 1:
+            raise ValueError("window, min_samples and retrain_every must be at least 1")
+        self.learner = learner
+        self.analytic = analytic or AnalyticModel()
+        self.min_samples = min_samples
+        self.retrain_every = retrain_every
+        self._ttft = _Series(window)
+        self._tpot = _Series(window)
+
+    @property
+    def trained(self) -> tuple[bool, bool]:
+        """Whether TTFT, and TPOT, are answered by a learned model."""
+        return self._ttft.model is not None, self._tpot.model is not None
+
+    @property
+    def observations(self) -> tuple[int, int]:
+        return len(self._ttft.targets), len(self._tpot.targets)
+
+    @property
+    def fits(self) -> tuple[int, int]:
+        return self._ttft.fits, self._tpot.fits
+
+    def predict(self, x: Matrix) -> tuple[Matrix, Matrix]:
+        """TTFT and TPOT in milliseconds for each row of `x` (never negative, never NaN)."""
+        if len(x) == 0:
+            empty: Matrix = np.zeros(0)
+            return empty, empty
+        ttft = self._answer(self._ttft, x, self.analytic.ttft)
+        tpot = self._answer(self._tpot, x, self.analytic.tpot)
+        return ttft, tpot
+
+    def observe_ttft(self, features: Features, ms: float) -> None:
+        self._observe(self._ttft, features, ms)
+
+    def observe_tpot(self, features: Features, ms: float) -> None:
+        self._observe(self._tpot, features, ms)
+
+    def _observe(self, series: _Series, features: Features, ms: float) -> None:
+        if not math.isfinite(ms) or ms < 0:
+            return
+        series.add(features.row(), ms)
+        if (
+            self.learner is not None
+            and len(series.targets) >= self.min_samples
+            and (series.model is None or series.since_fit >= self.retrain_every)
+        ):
+            x = np.array(series.rows, dtype=np.float64)
+            y = np.array(series.targets, dtype=np.float64)
+            series.since_fit = 0
+            fitted = self.learner(x, y)
+            if fitted is not None:
+                series.model = fitted
+                series.fits += 1
+
+    @staticmethod
+    def _answer(series: _Series, x: Matrix, fallback: Callable[[Matrix], Matrix]) -> Matrix:
+        model = series.model
+        if model is None:
+            return np.maximum(fallback(x), 0.0)
+        predicted = np.asarray(model.predict(x), dtype=np.float64)
+        bad = ~np.isfinite(predicted)
+        if bad.any():
+            predicted = np.where(bad, fallback(x), predicted)
+        return np.maximum(predicted, 0.0)

@@ -1,0 +1,424 @@
+"""`predicted-latency-producer`: each candidate's predicted TTFT and TPOT for the request, its headroom
+against the request's latency objectives, and training data from the responses.
+
+As upstream's (llm-d/llm-d-router, pkg/epp/framework/plugins/requestcontrol/dataproducer/predictedlatency):
+- Before scheduling, for every candidate: the features of `predictor.FEATURES` (the prefix match of
+  `prefixMatchInfoProducerName`, default `approx-prefix-cache-producer`; the in-flight load of
+  `inFlightLoadProducerName`, default `inflight-load-producer`, else the scrape's running count), then
+  one bulk prediction. Each candidate gets a `LatencyPrediction`: TTFT valid when predicted TTFT <
+  the TTFT objective (`x-llm-d-slo-ttft-ms`), TTFT headroom = objective − predicted. With
+  `streamingMode`, TPOT is checked against the TPOT objective × `sloBufferFactor`, tightened to the
+  smallest TPOT objective among the requests this producer has running on that endpoint (× the
+  factor); without it, or on an endpoint whose `endpointRoleLabel` label says `prefill`, TPOT is
+  valid with headroom 0. A request with no objective has objective 0: every prediction is then
+  invalid with headroom −TTFT, which the latency scorer ranks by least TTFT.
+- PreRequest: the request joins the primary target's running set (with its TPOT objective), and the
+  dispatch time and the features the target was predicted from are kept (for at most `contextTTL`).
+- The responses train the predictor: in streaming mode the first chunk gives the TTFT; otherwise the
+  TTFT is the whole response's time, as upstream. At the end, TPOT = (end − dispatch − TTFT) /
+  (tokens − 1), tokens being the usage's completion tokens when reported, else the chunks seen
+  (upstream counts chunks). Failed responses train nothing.
+- `predictInProduce: false` collects training data and predicts nothing.
+
+The predictor runs in process (upstream calls a sidecar): analytic until it has responses, then the
+learned model of epick.plugins.latency.learners, refitted as responses arrive. Its settings are epick's
+own parameters: `predictor.learner` ("gbdt", the default, or "analytic"), `window`, `minSamples`,
+`retrainEvery`, and `analytic` (`stepMs`, `prefillTokensPerSecond`, `ttftPerRunningMs`,
+`tpotPerRunningMs`, `tpotFullKvMs`).
+Accepted and ignored as upstream: `samplingMean`, `maxDecodeTokenSamplesForPrediction`. With
+`useEncoderCacheFeatures` epick reads nothing more (its predictor has no encoder features; said at
+load). No `llm_d_epp_*` prediction metrics yet.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, field_validator
+
+from epick.framework import (
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    NamedPlugin,
+    Reads,
+    Response,
+    SchedulingResult,
+)
+from epick.framework.datalayer import data_key
+from epick.plugins.duration import parse_duration
+from epick.plugins.latency.learners import learner_for
+from epick.plugins.latency.predictor import AnalyticModel, Features, OnlinePredictor, matrix
+from epick.plugins.latency.slo import Objectives, objectives
+from epick.plugins.load.inflight import InFlightLoadProducer, prompt_tokens, resolve_inflight
+from epick.plugins.prefix.scorer import MATCH_DATA_TYPE, PrefixMatch, resolve_producer
+from epick.plugins.registry import Handle, Parameters, PluginSpec, producer_for
+
+TYPE = "predicted-latency-producer"
+DATA_TYPE = "LatencyPredictionInfoDataKey"
+PREFILL_PROFILE = "prefill"
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyPrediction:
+    """One candidate's prediction for the request (upstream's LatencyPredictionInfo)."""
+
+    ttft_valid: bool
+    tpot_valid: bool
+    ttft_headroom: float  # objective − predicted, ms
+    tpot_headroom: float
+    ttft: float  # predicted, ms
+    tpot: float
+    dispatched: int  # requests this producer dispatched there that have not completed
+
+    @property
+    def valid(self) -> bool:
+        return self.ttft_valid and self.tpot_valid
+
+
+def _go_nanoseconds(value: object) -> object:
+    """Upstream decodes a time.Duration from JSON as integer nanoseconds; epick also takes "5m"."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value / 1e9
+    return parse_duration(value)
+
+
+class AnalyticParameters(Parameters):
+    step_ms: float = Field(default=6.0, ge=0)
+    prefill_tokens_per_second: float = Field(default=15928.0, gt=0)
+    ttft_per_running_ms: float = Field(default=0.1, ge=0)
+    tpot_per_running_ms: float = Field(default=0.05, ge=0)
+    tpot_full_kv_ms: float = Field(default=17.0, ge=0, alias="tpotFullKvMs")
+
+    def model(self) -> AnalyticModel:
+        return AnalyticModel(
+            self.step_ms,
+            self.prefill_tokens_per_second,
+            self.ttft_per_running_ms,
+            self.tpot_per_running_ms,
+            self.tpot_full_kv_ms,
+        )
+
+
+class PredictorParameters(Parameters):
+    learner: Literal["gbdt", "analytic"] = "gbdt"
+    window: int = Field(default=4000, ge=1)
+    min_samples: int = Field(default=200, ge=1)
+    retrain_every: int = Field(default=200, ge=1)
+    analytic: AnalyticParameters = Field(default_factory=AnalyticParameters)
+
+
+class PredictedLatencyParameters(Parameters):
+    sampling_mean: float = 1000.0
+    max_decode_token_samples_for_prediction: int = 0
+    slo_buffer_factor: float = Field(default=1.0, alias="sloBufferFactor")
+    context_ttl: Annotated[float, BeforeValidator(_go_nanoseconds)] = Field(default=300.0, alias="contextTTL")
+    streaming_mode: bool = False
+    endpoint_role_label: str = ""
+    predict_in_produce: bool = True
+    prefix_match_info_producer_name: str = ""
+    in_flight_load_producer_name: str = ""
+    use_encoder_cache_features: bool = False
+    encoder_cache_match_info_producer_name: str = ""
+    predictor: PredictorParameters = Field(default_factory=PredictorParameters)
+
+    @field_validator("slo_buffer_factor")
+    @classmethod
+    def _buffer(cls, v: float) -> float:
+        if not v > 0:
+            raise ValueError(f"sloBufferFactor must be > 0, got {v}")
+        return v
+
+
+@dataclass(slots=True)
+class _Context:
+    """What one request's decision left for its response to train on."""
+
+    created: float
+    objectives: Objectives
+    features: dict[str, Features] = field(default_factory=dict)  # by endpoint name
+    predictions: dict[str, LatencyPrediction] = field(default_factory=dict)
+    target: str | None = None  # where it was dispatched (the primary target)
+    trained_on: str | None = None  # whose features train the TTFT (the prefill target if any)
+    dispatched_at: float = 0.0
+    ttft_ms: float = 0.0
+    chunks: int = 0
+
+
+class _RunningSet:
+    """The requests running on one endpoint, with the smallest TPOT objective among them first."""
+
+    def __init__(self) -> None:
+        self.slos: dict[int, float] = {}
+        self._heap: list[tuple[float, int]] = []
+
+    def add(self, key: int, tpot_ms: float) -> None:
+        if key in self.slos:
+            return
+        self.slos[key] = tpot_ms
+        heapq.heappush(self._heap, (tpot_ms, key))
+
+    def remove(self, key: int) -> None:
+        self.slos.pop(key, None)
+
+    def min_tpot(self) -> float:
+        heap = self._heap
+        while heap and self.slos.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)  # a request that has left
+        return heap[0][0] if heap else 0.0
+
+    def __len__(self) -> int:
+        return len(self.slos)
+
+
+class PredictedLatencyProducer(NamedPlugin):
+    plugin_type = TYPE
+    reads = Reads.METRICS | Reads.HEADERS | Reads.PROMPT_SIZE | Reads.TOKENS | Reads.HISTORY
+
+    def __init__(
+        self,
+        name: str | None = None,
+        params: PredictedLatencyParameters | None = None,
+        *,
+        prefix_producer: str | None = None,
+        inflight: InFlightLoadProducer | None = None,
+        predictor: OnlinePredictor | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(name)
+        self.params = params or PredictedLatencyParameters()
+        p = self.params.predictor
+        self.predictor = predictor or OnlinePredictor(
+            learner_for(p.learner),
+            analytic=p.analytic.model(),
+            window=p.window,
+            min_samples=p.min_samples,
+            retrain_every=p.retrain_every,
+        )
+        self.key = data_key(DATA_TYPE, self.name)
+        self.match_key = data_key(MATCH_DATA_TYPE, prefix_producer) if prefix_producer else None
+        self.inflight = inflight
+        self.clock = clock
+        self._contexts: dict[int, _Context] = {}  # by InferenceRequest.key, oldest first
+        self._running: dict[str, _RunningSet] = {}
+
+    # What consumers read.
+    def predictions(self, cycle_state: CycleState) -> Mapping[str, LatencyPrediction] | None:
+        found = cycle_state.read(self.key, dict)
+        return found
+
+    def dispatched(self, endpoint: str) -> int:
+        running = self._running.get(endpoint)
+        return len(running) if running is not None else 0
+
+    def features(
+        self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> list[Features]:
+        prompt = prompt_tokens(request)
+        match = cycle_state.read(self.match_key, PrefixMatch) if self.match_key else None
+        role_label = self.params.endpoint_role_label
+        rows = []
+        for ep in endpoints:
+            prefix = 0.0
+            if match is not None and match.total_blocks > 0:
+                prefix = min(1.0, match.matched.get(ep.name, 0) / match.total_blocks)
+            if self.inflight is not None:
+                load = self.inflight.load(ep.name)
+                tokens, running = load.tokens, load.requests
+            else:
+                tokens, running = 0, ep.metrics.running_requests_size
+            m = ep.metrics
+            rows.append(
+                Features(
+                    m.kv_cache_usage_percent,
+                    prompt,
+                    m.waiting_queue_size,
+                    running,
+                    prefix,
+                    tokens,
+                    0,
+                    ep.labels.get(role_label, "") if role_label else "",
+                )
+            )
+        return rows
+
+    # DataProducer.
+    def produce(
+        self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> None:
+        now = self.clock()
+        self._expire(now)
+        ctx = _Context(now, objectives(request.headers))
+        rows = self.features(request, cycle_state, endpoints)
+        ctx.features = {ep.name: row for ep, row in zip(endpoints, rows, strict=True)}
+        self._contexts.pop(request.key, None)
+        self._contexts[request.key] = ctx
+        if not self.params.predict_in_produce or not endpoints:
+            return
+        ttft, tpot = self.predictor.predict(matrix(rows))
+        predictions = {}
+        for i, ep in enumerate(endpoints):
+            predictions[ep.name] = self._judge(ctx.objectives, ep, float(ttft[i]), float(tpot[i]))
+        ctx.predictions = predictions
+        cycle_state.write(self.key, predictions)
+
+    def _judge(self, slo: Objectives, endpoint: Endpoint, ttft: float, tpot: float) -> LatencyPrediction:
+        p = self.params
+        ttft_valid = ttft < slo.ttft_ms
+        tpot_valid, tpot_headroom = True, 0.0
+        role_label = p.endpoint_role_label
+        prefill = bool(role_label) and endpoint.labels.get(role_label) == "prefill"
+        if p.streaming_mode and not prefill:
+            buffered = slo.tpot_ms * p.slo_buffer_factor
+            running = self._running.get(endpoint.name)
+            tightest = running.min_tpot() if running is not None else 0.0
+            if tightest > 0:
+                buffered = min(buffered, tightest * p.slo_buffer_factor)
+            tpot_valid = tpot < buffered
+            tpot_headroom = buffered - tpot
+        return LatencyPrediction(
+            ttft_valid,
+            tpot_valid,
+            slo.ttft_ms - ttft,
+            tpot_headroom,
+            ttft,
+            tpot,
+            self.dispatched(endpoint.name),
+        )
+
+    # PreRequest: the request runs on its primary target from now.
+    def pre_request(
+        self, request: InferenceRequest, result: SchedulingResult, cycle_state: CycleState
+    ) -> None:
+        ctx = self._contexts.get(request.key)
+        if ctx is None:
+            return
+        if ctx.target is not None:  # decided again (a retry elsewhere): it leaves the old endpoint
+            self._leave(request.key, ctx)
+        primary = result.profile_results.get(result.primary_profile)
+        if primary is None or not primary.targets:
+            return
+        ctx.target = primary.targets[0].name
+        ctx.trained_on = ctx.target
+        prefill = result.profile_results.get(PREFILL_PROFILE)
+        if prefill is not None and prefill.targets:
+            ctx.trained_on = prefill.targets[0].name
+        ctx.dispatched_at = self.clock()
+        ctx.ttft_ms = 0.0
+        ctx.chunks = 0
+        self._running.setdefault(ctx.target, _RunningSet()).add(request.key, ctx.objectives.tpot_ms)
+
+    # Responses: training data.
+    def response_streaming(self, request: InferenceRequest, response: Response, endpoint: Endpoint) -> None:
+        ctx = self._contexts.get(request.key)
+        if ctx is None or ctx.target is None:
+            return
+        ctx.chunks += 1
+        if ctx.ttft_ms == 0.0 and self.params.streaming_mode and not response.end_of_stream:
+            ctx.ttft_ms = max((self.clock() - ctx.dispatched_at) * 1000.0, 1e-3)
+            self._train_ttft(ctx)
+
+    def response_complete(self, request: InferenceRequest, response: Response, endpoint: Endpoint) -> None:
+        ctx = self._contexts.pop(request.key, None)
+        if ctx is None or ctx.target is None:
+            return
+        self._leave(request.key, ctx)
+        if response.error is not None or response.status >= 400:
+            return
+        elapsed_ms = (self.clock() - ctx.dispatched_at) * 1000.0
+        if ctx.ttft_ms == 0.0:
+            ctx.ttft_ms = max(elapsed_ms, 1e-3)
+            self._train_ttft(ctx)
+        tokens = response.usage.completion_tokens if response.usage is not None else 0
+        if tokens <= 0:
+            tokens = ctx.chunks
+        if tokens > 1:
+            tpot = (elapsed_ms - ctx.ttft_ms) / (tokens - 1)
+            row = ctx.features.get(ctx.target)
+            if row is not None and tpot > 0:
+                self.predictor.observe_tpot(row, tpot)
+
+    def _train_ttft(self, ctx: _Context) -> None:
+        row = ctx.features.get(ctx.trained_on or "")
+        if row is not None:
+            self.predictor.observe_ttft(row, ctx.ttft_ms)
+
+    def _leave(self, key: int, ctx: _Context) -> None:
+        if ctx.target is None:
+            return
+        running = self._running.get(ctx.target)
+        if running is not None:
+            running.remove(key)
+            if not running:
+                del self._running[ctx.target]
+
+    def _expire(self, now: float) -> None:
+        """Forget requests decided more than `contextTTL` ago (a response never reported): upstream's
+        TTL cache does the same, and their running entries go with them."""
+        cutoff = now - self.params.context_ttl
+        contexts = self._contexts
+        while contexts:
+            key, ctx = next(iter(contexts.items()))
+            if ctx.created >= cutoff:
+                return
+            del contexts[key]
+            self._leave(key, ctx)
+
+    def endpoint_removed(self, name: str) -> None:
+        self._running.pop(name, None)
+
+
+def _factory(name: str, params: PredictedLatencyParameters, handle: Handle) -> PredictedLatencyProducer:
+    if params.use_encoder_cache_features:
+        log.warning(
+            "%s: useEncoderCacheFeatures has no effect in epick (the predictor has no encoder features)",
+            name,
+        )
+    prefix = resolve_producer(handle, params.prefix_match_info_producer_name, "prefixMatchInfoProducerName")
+    inflight = resolve_inflight(handle, params.in_flight_load_producer_name, "inFlightLoadProducerName")
+    return PredictedLatencyProducer(name, params, prefix_producer=prefix, inflight=inflight)
+
+
+def _requires(params: PredictedLatencyParameters, api_version: str = "") -> tuple[str, ...]:
+    needed = [] if params.prefix_match_info_producer_name else ["approx-prefix-cache-producer"]
+    if not params.in_flight_load_producer_name:
+        needed.append("inflight-load-producer")
+    return tuple(needed)
+
+
+def resolve_latency(handle: Handle, producer_name: str, parameter: str) -> PredictedLatencyProducer | None:
+    """The predicted-latency producer a consumer reads: the one named, else the config's
+    `predicted-latency-producer`, else None."""
+    plugin = producer_for(
+        handle,
+        producer_name,
+        TYPE,
+        parameter,
+        accepts=lambda p: isinstance(p, PredictedLatencyProducer),
+        what="predicted-latency producer",
+        produces="latency predictions",
+        fix=f"name a plugin of type {TYPE}",
+    )
+    assert plugin is None or isinstance(plugin, PredictedLatencyProducer)
+    return plugin
+
+
+def requires_latency(params: Any, api_version: str = "") -> tuple[str, ...]:
+    """For consumers: upstream creates the default producer when a config has none."""
+    return () if getattr(params, "latency_prediction_info_producer_name", "") else (TYPE,)
+
+
+SPEC = PluginSpec(
+    TYPE,
+    _factory,
+    PredictedLatencyParameters,
+    "predicted TTFT and TPOT per candidate, and their headroom against the request's objectives",
+    requires=_requires,
+)
