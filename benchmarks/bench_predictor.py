@@ -70,8 +70,12 @@ def record(workload: str, params: dict[str, str], qps: float) -> dict[str, np.nd
     producer = next(p for p in policy.config.plugins.values() if isinstance(p, PredictedLatencyProducer))
     rows: dict[str, list[list[float]]] = {"ttft": [], "tpot": []}
 
-    def keeper(target: str) -> Callable[[Features, float], None]:
-        return lambda features, ms: rows[target].append([*features.row(), ms])
+    def keeper(target: str) -> Callable[[Features | Matrix, float], None]:
+        def keep(features: Features | Matrix, ms: float) -> None:
+            row = features.row() if isinstance(features, Features) else [float(v) for v in features]
+            rows[target].append([*row, ms])
+
+        return keep
 
     producer.predictor.observe_ttft = keeper("ttft")  # type: ignore[method-assign]
     producer.predictor.observe_tpot = keeper("tpot")  # type: ignore[method-assign]

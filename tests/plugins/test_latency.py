@@ -23,6 +23,7 @@ from epick.framework import (
 from epick.framework.datalayer import data_key
 from epick.plugins.filters.prefix_affinity import PrefixAffinityParameters, PrefixCacheAffinityFilter
 from epick.plugins.latency.admitter import REASON, LatencySLOAdmitter
+from epick.plugins.latency.cost_scorer import CostParameters, LatencyCostScorer
 from epick.plugins.latency.learners import gbdt
 from epick.plugins.latency.predictor import AnalyticModel, Features, OnlinePredictor, matrix
 from epick.plugins.latency.producer import (
@@ -399,3 +400,27 @@ def test_an_slo_config_loads_with_its_default_producers() -> None:
     assert {"approx-prefix-cache-producer", "inflight-load-producer", "predicted-latency-producer"} <= types
     producer = next(p for p in config.plugins.values() if isinstance(p, PredictedLatencyProducer))
     assert producer.params.streaming_mode and producer.params.context_ttl == 300.0
+
+
+# latency-cost-scorer (epick's own).
+def test_the_cost_scorer_prefers_the_soonest_finish() -> None:
+    eps = [make_endpoint(n) for n in "abc"]
+    s = CycleState()
+    s.write(
+        KEY,
+        {
+            "a": LatencyPrediction(False, True, 0, 0, ttft=100.0, tpot=10.0, dispatched=0),  # 100 + 100 × 10
+            "b": LatencyPrediction(False, True, 0, 0, ttft=600.0, tpot=5.0, dispatched=0),  # 600 + 500
+            "c": LatencyPrediction(False, True, 0, 0, ttft=50.0, tpot=20.0, dispatched=0),  # 50 + 2000
+        },
+    )
+    scorer = LatencyCostScorer()
+    # max_tokens 100: costs 1100, 1100, 2050 → 1, 1, 0.
+    assert scorer.score(make_request(max_tokens=100), s, eps) == [1.0, 1.0, 0.0]
+    # No max_tokens: the default 256 → 2660, 1880, 5170.
+    assert scorer.score(make_request(), s, eps) == pytest.approx([(5170 - 2660) / 3290, 1.0, 0.0])
+    # A candidate without a prediction scores 0; no predictions at all: all 0.
+    assert scorer.score(make_request(), s, [*eps, make_endpoint("d")])[3] == 0.0
+    assert scorer.score(make_request(), CycleState(), eps) == [0.0, 0.0, 0.0]
+    capped = LatencyCostScorer(params=CostParameters(maxOutputTokens=10))
+    assert capped.output_tokens(make_request(max_tokens=100)) == 10

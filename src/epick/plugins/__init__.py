@@ -24,6 +24,7 @@ from epick.plugins.filters import endpoint_attribute as endpoint_attribute_filte
 from epick.plugins.filters import topology_affinity as topology_affinity_filter
 from epick.plugins.flowcontrol import eviction, fairness, ordering, program_aware, usage_limits
 from epick.plugins.latency import admitter as latency_admitter
+from epick.plugins.latency import cost_scorer as latency_cost_scorer
 from epick.plugins.latency import producer as latency_producer
 from epick.plugins.latency import scorer as latency_scorer
 from epick.plugins.latency import tier_filter as slo_tier_filter
@@ -132,6 +133,7 @@ def in_tree_plugins() -> list[PluginSpec]:
         latency_scorer.SPEC,
         slo_tier_filter.SPEC,
         latency_admitter.SPEC,
+        latency_cost_scorer.SPEC,
         utilization_filter.SPEC,
         session_producer.SPEC,
         session_filter.SPEC,

@@ -185,16 +185,17 @@ class OnlinePredictor:
         tpot = self._answer(self._tpot, x, self.analytic.tpot)
         return ttft, tpot
 
-    def observe_ttft(self, features: Features, ms: float) -> None:
+    def observe_ttft(self, features: Features | Matrix, ms: float) -> None:
+        """A response's TTFT, with the features of the endpoint that served it (a row or `Features`)."""
         self._observe(self._ttft, features, ms)
 
-    def observe_tpot(self, features: Features, ms: float) -> None:
+    def observe_tpot(self, features: Features | Matrix, ms: float) -> None:
         self._observe(self._tpot, features, ms)
 
-    def _observe(self, series: _Series, features: Features, ms: float) -> None:
+    def _observe(self, series: _Series, features: Features | Matrix, ms: float) -> None:
         if not math.isfinite(ms) or ms < 0:
             return
-        series.add(features.row(), ms)
+        series.add(features.row() if isinstance(features, Features) else [float(v) for v in features], ms)
         if (
             self.learner is not None
             and len(series.targets) >= self.min_samples

@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from pydantic import BeforeValidator, Field, field_validator
 
 from epick.framework import (
@@ -53,7 +54,21 @@ from epick.framework import (
 from epick.framework.datalayer import data_key
 from epick.plugins.duration import parse_duration
 from epick.plugins.latency.learners import learner_for
-from epick.plugins.latency.predictor import AnalyticModel, Features, OnlinePredictor, matrix
+from epick.plugins.latency.predictor import (
+    FEATURES,
+    INPUT,
+    KV,
+    POD_TYPE,
+    POD_TYPES,
+    PREFILL,
+    PREFIX,
+    RUNNING,
+    UNCACHED,
+    WAITING,
+    AnalyticModel,
+    Matrix,
+    OnlinePredictor,
+)
 from epick.plugins.latency.slo import Objectives, objectives
 from epick.plugins.load.inflight import InFlightLoadProducer, prompt_tokens, resolve_inflight
 from epick.plugins.prefix.scorer import MATCH_DATA_TYPE, PrefixMatch, resolve_producer
@@ -143,13 +158,18 @@ class _Context:
 
     created: float
     objectives: Objectives
-    features: dict[str, Features] = field(default_factory=dict)  # by endpoint name
+    rows: Matrix | None = None  # the candidates' features, one row each
+    index: dict[str, int] = field(default_factory=dict)  # endpoint name -> its row
     predictions: dict[str, LatencyPrediction] = field(default_factory=dict)
     target: str | None = None  # where it was dispatched (the primary target)
     trained_on: str | None = None  # whose features train the TTFT (the prefill target if any)
     dispatched_at: float = 0.0
     ttft_ms: float = 0.0
     chunks: int = 0
+
+    def row(self, endpoint: str | None) -> Matrix | None:
+        i = self.index.get(endpoint) if endpoint is not None else None
+        return self.rows[i] if i is not None and self.rows is not None else None
 
 
 class _RunningSet:
@@ -220,34 +240,41 @@ class PredictedLatencyProducer(NamedPlugin):
 
     def features(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
-    ) -> list[Features]:
+    ) -> Matrix:
+        """One row of `predictor.FEATURES` per candidate."""
+        n = len(endpoints)
         prompt = prompt_tokens(request)
         match = cycle_state.read(self.match_key, PrefixMatch) if self.match_key else None
-        role_label = self.params.endpoint_role_label
-        rows = []
+        x = np.zeros((n, len(FEATURES)))
+        x[:, INPUT] = prompt
+        kv, waiting, running, prefix, tokens = [], [], [], [], []
+        inflight = self.inflight
         for ep in endpoints:
-            prefix = 0.0
-            if match is not None and match.total_blocks > 0:
-                prefix = min(1.0, match.matched.get(ep.name, 0) / match.total_blocks)
-            if self.inflight is not None:
-                load = self.inflight.load(ep.name)
-                tokens, running = load.tokens, load.requests
-            else:
-                tokens, running = 0, ep.metrics.running_requests_size
             m = ep.metrics
-            rows.append(
-                Features(
-                    m.kv_cache_usage_percent,
-                    prompt,
-                    m.waiting_queue_size,
-                    running,
-                    prefix,
-                    tokens,
-                    0,
-                    ep.labels.get(role_label, "") if role_label else "",
-                )
-            )
-        return rows
+            kv.append(m.kv_cache_usage_percent)
+            waiting.append(m.waiting_queue_size)
+            if inflight is not None:
+                load = inflight.load(ep.name)
+                tokens.append(load.tokens)
+                running.append(load.requests)
+            else:
+                tokens.append(0)
+                running.append(m.running_requests_size)
+            if match is not None and match.total_blocks > 0:
+                prefix.append(match.matched.get(ep.name, 0) / match.total_blocks)
+            else:
+                prefix.append(0.0)
+        # A garbage scrape (NaN, negative) counts as 0; shares stay within [0, 1].
+        x[:, KV] = np.clip(np.nan_to_num(kv, nan=0.0, posinf=1.0, neginf=0.0), 0.0, 1.0)
+        x[:, WAITING] = np.maximum(waiting, 0)
+        x[:, RUNNING] = np.maximum(running, 0)
+        x[:, PREFIX] = np.clip(prefix, 0.0, 1.0)
+        x[:, PREFILL] = np.maximum(tokens, 0)
+        x[:, UNCACHED] = (1.0 - x[:, PREFIX]) * prompt
+        role_label = self.params.endpoint_role_label
+        if role_label:
+            x[:, POD_TYPE] = [POD_TYPES.get(ep.labels.get(role_label, ""), 0) for ep in endpoints]
+        return x
 
     # DataProducer.
     def produce(
@@ -256,13 +283,14 @@ class PredictedLatencyProducer(NamedPlugin):
         now = self.clock()
         self._expire(now)
         ctx = _Context(now, objectives(request.headers))
-        rows = self.features(request, cycle_state, endpoints)
-        ctx.features = {ep.name: row for ep, row in zip(endpoints, rows, strict=True)}
+        x = self.features(request, cycle_state, endpoints)
+        ctx.rows = x
+        ctx.index = {ep.name: i for i, ep in enumerate(endpoints)}
         self._contexts.pop(request.key, None)
         self._contexts[request.key] = ctx
         if not self.params.predict_in_produce or not endpoints:
             return
-        ttft, tpot = self.predictor.predict(matrix(rows))
+        ttft, tpot = self.predictor.predict(x)
         predictions = {}
         for i, ep in enumerate(endpoints):
             predictions[ep.name] = self._judge(ctx.objectives, ep, float(ttft[i]), float(tpot[i]))
@@ -341,12 +369,12 @@ class PredictedLatencyProducer(NamedPlugin):
             tokens = ctx.chunks
         if tokens > 1:
             tpot = (elapsed_ms - ctx.ttft_ms) / (tokens - 1)
-            row = ctx.features.get(ctx.target)
+            row = ctx.row(ctx.target)
             if row is not None and tpot > 0:
                 self.predictor.observe_tpot(row, tpot)
 
     def _train_ttft(self, ctx: _Context) -> None:
-        row = ctx.features.get(ctx.trained_on or "")
+        row = ctx.row(ctx.trained_on)
         if row is not None:
             self.predictor.observe_ttft(row, ctx.ttft_ms)
 
