@@ -140,7 +140,7 @@ def test_plugins_lists_all_in_tree_types(capsys: pytest.CaptureFixture[str]) -> 
     listed = [line.split()[0] for line in out.splitlines()]
     in_tree = [spec.type for spec in in_tree_plugins()]
     aliases = [alias for spec in in_tree_plugins() for alias in spec.aliases]
-    assert (len(in_tree), len(aliases)) == (100, 8)
+    assert (len(in_tree), len(aliases)) == (101, 8)
     assert set(in_tree) <= set(listed)
     # Exactly the registered types (in-tree plus any installed out-of-tree ones), each once, with
     # their aliases on their line.
@@ -192,3 +192,11 @@ def test_a_reader_that_leaves_early_gets_no_traceback(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(sys, "stdout", ClosedPipe())
     assert main(["check-config", str(CONFIGS / "default.yaml")]) == 0
+
+
+def test_every_config_in_the_repository_checks(capsys: pytest.CaptureFixture[str]) -> None:
+    shipped = sorted(CONFIGS.glob("*.yaml"))
+    assert {p.name for p in shipped} >= {"predicted-latency.yaml", "predicted-latency-pd.yaml"}
+    assert main(["check-config", *map(str, shipped)]) == 0
+    out, _ = capsys.readouterr()
+    assert out.count(": ok") == len(shipped)

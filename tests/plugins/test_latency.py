@@ -24,6 +24,7 @@ from epick.framework.datalayer import data_key
 from epick.plugins.filters.prefix_affinity import PrefixAffinityParameters, PrefixCacheAffinityFilter
 from epick.plugins.latency.admitter import REASON, LatencySLOAdmitter
 from epick.plugins.latency.cost_scorer import CostParameters, LatencyCostScorer
+from epick.plugins.latency.gie_scorer import GIEPredictedLatencyParameters, PredictedLatencyScorer
 from epick.plugins.latency.learners import gbdt
 from epick.plugins.latency.predictor import AnalyticModel, Features, OnlinePredictor, matrix
 from epick.plugins.latency.producer import (
@@ -424,3 +425,78 @@ def test_the_cost_scorer_prefers_the_soonest_finish() -> None:
     assert scorer.score(make_request(), CycleState(), eps) == [0.0, 0.0, 0.0]
     capped = LatencyCostScorer(params=CostParameters(maxOutputTokens=10))
     assert capped.output_tokens(make_request(max_tokens=100)) == 10
+
+
+# GIE v1.5.0's predicted-latency-scorer.
+def _gie(**params: object) -> PredictedLatencyScorer:
+    return PredictedLatencyScorer(
+        "predicted-latency-scorer",
+        GIEPredictedLatencyParameters.model_validate({"predictor": {"learner": "analytic"}, **params}),
+        prefix_producer="p",
+        rng=random.Random(3),
+    )
+
+
+def _gie_state(
+    scorer: PredictedLatencyScorer, predictions: dict[str, LatencyPrediction], held: dict[str, int]
+) -> CycleState:
+    s = CycleState()
+    s.write(scorer.key, predictions)
+    s.write(data_key(MATCH_DATA_TYPE, "p"), PrefixMatch(10, 64, held))
+    return s
+
+
+def test_gie_scorer_picks_the_tightest_positive_fit_in_max_mode() -> None:
+    scorer = _gie(selectionMode="max", epsilonExploreNeg=0, epsilonExploreSticky=0)
+    eps = [make_endpoint(n) for n in "abc"]
+    preds = {"a": prediction(50, 5), "b": prediction(10, 1), "c": prediction(-5, 1)}
+    # Positive tier a, b; least headroom: b (blend 0 → weight 101) over a (weight 2).
+    assert scorer.score(make_request(), _gie_state(scorer, preds, {}), eps) == [0.0, 1.0, 0.0]
+    most = _gie(selectionMode="max", headroomSelectionStrategy="most", epsilonExploreNeg=0)
+    assert most.score(make_request(), _gie_state(most, preds, {}), eps) == [1.0, 0.0, 0.0]
+
+
+def test_gie_scorer_affinity_gate_keeps_a_lone_holder_unless_its_ttft_costs_too_much() -> None:
+    scorer = _gie(selectionMode="max", epsilonExploreNeg=0, epsilonExploreSticky=0)
+    eps = [make_endpoint(n) for n in "ab"]
+    preds = {"a": prediction(50, 5, ttft=100.0), "b": prediction(10, 1, ttft=90.0)}
+    assert scorer.score(make_request(), _gie_state(scorer, preds, {"a": 9}), eps) == [1.0, 0.0]
+    slow = {"a": prediction(50, 5, ttft=9000.0), "b": prediction(10, 1, ttft=90.0)}
+    assert scorer.score(make_request(), _gie_state(scorer, slow, {"a": 9}), eps) == [0.0, 1.0]
+
+
+def test_gie_scorer_negative_tier_prefers_idle_endpoints_then_the_smallest_deficit() -> None:
+    scorer = _gie(selectionMode="max", epsilonExploreSticky=0)
+    a, b, c = (make_endpoint(n) for n in "abc")
+    busy = make_request()
+    scorer.produce(busy, CycleState(), [a])
+    scorer.pre_request(busy, _result(a), CycleState())  # a has a request running
+    preds = {"a": prediction(-1, -1), "b": prediction(-50, -3), "c": prediction(-20, -2)}
+    # b and c are idle; among them c's deficits are the smaller.
+    assert scorer.score(make_request(), _gie_state(scorer, preds, {}), [a, b, c]) == [0.0, 0.0, 1.0]
+
+
+def test_gie_scorer_without_predictions_picks_by_composite() -> None:
+    scorer = _gie(selectionMode="max")
+    a, b = make_endpoint("a", kv=0.9, queue=5), make_endpoint("b", kv=0.1, queue=0)
+    assert scorer.score(make_request(), _gie_state(scorer, {}, {}), [a, b]) == [0.0, 1.0]
+    least = _gie(selectionMode="max", headroomSelectionStrategy="composite-least")
+    preds = {"a": prediction(1, 1), "b": prediction(1, 1)}
+    assert least.score(make_request(), _gie_state(least, preds, {}), [a, b]) == [1.0, 0.0]
+
+
+def test_gie_scorer_parameters() -> None:
+    assert GIEPredictedLatencyParameters().streaming_mode  # upstream's default here
+    with pytest.raises(ValueError, match="samplingMean"):
+        GIEPredictedLatencyParameters.model_validate({"samplingMean": 0})
+    config = load_config_text(
+        "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
+        "plugins:\n- type: predicted-latency-scorer\n"
+        "  parameters: {selectionMode: max, affinityGateTau: 0.5}\n"
+        "- type: max-score-picker\n"
+        "schedulingProfiles:\n- name: d\n  plugins:\n  - pluginRef: predicted-latency-scorer\n"
+        "  - pluginRef: max-score-picker\n",
+        seed=0,
+    )
+    scorer = config.plugins["predicted-latency-scorer"]
+    assert isinstance(scorer, PredictedLatencyScorer) and scorer in config.hooks.producers

@@ -53,6 +53,7 @@ from epick.plugins.filters.topology_affinity import TopologyAffinityFilter
 from epick.plugins.filters.utilization import UtilizationDetector, UtilizationParameters
 from epick.plugins.filters.utilization_filter import UtilizationFilter, UtilizationFilterParameters
 from epick.plugins.latency.cost_scorer import LatencyCostScorer
+from epick.plugins.latency.gie_scorer import PredictedLatencyScorer
 from epick.plugins.latency.scorer import LatencyScorer
 from epick.plugins.latency.tier_filter import SLOHeadroomTierFilter
 from epick.plugins.load.concurrency import ConcurrencyDetector, ConcurrencyParameters
@@ -194,6 +195,7 @@ def every_scorer(clock: FakeClock, inflight: InFlightLoadProducer | None = None)
         MultiClusterPrefixCacheScorer(block_size_tokens=1, lru_capacity_per_server=20),
         LatencyScorer(prefix_producer="approx-prefix-cache-producer"),
         LatencyCostScorer(),
+        PredictedLatencyScorer(prefix_producer="approx-prefix-cache-producer", rng=random.Random(0)),
     ]
 
 
@@ -296,7 +298,7 @@ def test_scores_are_in_unit_interval_for_valid_metrics(
 @given(
     request=requests(),
     endpoints=endpoint_lists(wild=True),
-    weights=st.lists(st.floats(0.0, 10.0), min_size=22, max_size=22),
+    weights=st.lists(st.floats(0.0, 10.0), min_size=23, max_size=23),
     seed=st.integers(0, 2**16),
 )
 def test_scores_after_the_runtime_clamps_are_in_unit_interval(

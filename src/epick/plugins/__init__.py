@@ -25,6 +25,7 @@ from epick.plugins.filters import topology_affinity as topology_affinity_filter
 from epick.plugins.flowcontrol import eviction, fairness, ordering, program_aware, usage_limits
 from epick.plugins.latency import admitter as latency_admitter
 from epick.plugins.latency import cost_scorer as latency_cost_scorer
+from epick.plugins.latency import gie_scorer as predicted_latency_scorer
 from epick.plugins.latency import producer as latency_producer
 from epick.plugins.latency import scorer as latency_scorer
 from epick.plugins.latency import tier_filter as slo_tier_filter
@@ -134,6 +135,7 @@ def in_tree_plugins() -> list[PluginSpec]:
         slo_tier_filter.SPEC,
         latency_admitter.SPEC,
         latency_cost_scorer.SPEC,
+        predicted_latency_scorer.SPEC,
         utilization_filter.SPEC,
         session_producer.SPEC,
         session_filter.SPEC,
