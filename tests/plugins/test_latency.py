@@ -32,6 +32,7 @@ from epick.plugins.latency.producer import (
     LatencyPrediction,
     PredictedLatencyParameters,
     PredictedLatencyProducer,
+    read_predictions,
 )
 from epick.plugins.latency.scorer import LatencyScorer, LatencyScorerParameters, go_round
 from epick.plugins.latency.slo import objectives
@@ -172,7 +173,7 @@ def test_produce_predicts_each_candidate_and_judges_it_against_the_objectives() 
     s.write(data_key(MATCH_DATA_TYPE, "approx-prefix-cache-producer"), PrefixMatch(4, 64, {"a": 4}))
     request = make_request("x" * 4000, headers={"x-llm-d-slo-ttft-ms": "60"})
     producer.produce(request, s, [a, b])
-    got = s.read(KEY, dict)
+    got = read_predictions(s, KEY)
     assert got is not None
     # 1,000 prompt tokens; a holds them all (uncached 0): 6 ms; b computes 1,000: 6 + 62.78 + 4 ms.
     assert got["a"].ttft == pytest.approx(6.0)
@@ -193,7 +194,7 @@ def test_streaming_tightens_the_tpot_objective_to_the_strictest_request_running_
     loose = make_request(headers={"x-llm-d-slo-tpot-ms": "50"})
     s = CycleState()
     producer.produce(loose, s, [a])
-    got = s.read(KEY, dict)
+    got = read_predictions(s, KEY)
     assert got is not None
     # min(50 × 2, 7 × 2) = 14 < 14.5: invalid, headroom −0.5; one request dispatched there.
     assert got["a"].tpot_headroom == pytest.approx(-0.5) and not got["a"].tpot_valid
@@ -203,7 +204,7 @@ def test_streaming_tightens_the_tpot_objective_to_the_strictest_request_running_
     producer2, _ = _producer(clock, streamingMode=True, endpointRoleLabel="role")
     s2 = CycleState()
     producer2.produce(loose, s2, [p])
-    assert s2.read(KEY, dict)["p"].tpot_headroom == 0.0  # type: ignore[index]
+    assert read_predictions(s2, KEY)["p"].tpot_headroom == 0.0  # type: ignore[index]
 
 
 def test_responses_train_ttft_at_the_first_chunk_and_tpot_at_the_end() -> None:

@@ -28,7 +28,12 @@ from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin,
 from epick.framework.datalayer import data_key
 from epick.plugins.latency.producer import DATA_TYPE as LATENCY_DATA_TYPE
 from epick.plugins.latency.producer import TYPE as LATENCY_TYPE
-from epick.plugins.latency.producer import LatencyPrediction, resolve_latency
+from epick.plugins.latency.producer import (
+    LatencyPrediction,
+    LatencyPredictions,
+    read_predictions,
+    resolve_latency,
+)
 from epick.plugins.load.inflight import TYPE as INFLIGHT_TYPE
 from epick.plugins.load.inflight import InFlightLoadProducer, resolve_inflight
 from epick.plugins.prefix.scorer import MATCH_DATA_TYPE, PrefixMatch, resolve_producer
@@ -92,6 +97,9 @@ class PrefixCacheAffinityFilter(NamedPlugin):
         self, endpoint: Endpoint, predictions: Mapping[str, LatencyPrediction] | None = None
     ) -> float:
         if self.latency_key is not None:
+            if isinstance(predictions, LatencyPredictions):  # the producer's columns, read in place
+                i = predictions.index.get(endpoint.name)
+                return float(predictions.ttft[i]) if i is not None else math.inf
             found = predictions.get(endpoint.name) if predictions else None
             return found.ttft if found is not None else math.inf
         tokens = self.inflight.load(endpoint.name).tokens if self.inflight is not None else 0
@@ -117,7 +125,7 @@ class PrefixCacheAffinityFilter(NamedPlugin):
             return list(endpoints)
         others = [ep for ep in endpoints if ep not in sticky]
         if p.max_ttft_penalty_ms > 0 and others:
-            predictions = cycle_state.read(self.latency_key, dict) if self.latency_key else None
+            predictions = read_predictions(cycle_state, self.latency_key) if self.latency_key else None
             best_sticky = min(self.ttft_ms(ep, predictions) for ep in sticky)
             best_other = min(self.ttft_ms(ep, predictions) for ep in others)
             # Neither side predicted (inf − inf): no signal, no gate (upstream's MaxFloat64 − MaxFloat64).

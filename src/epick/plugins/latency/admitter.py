@@ -12,13 +12,13 @@ upstream's plain error reaches the client as a 500.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads
 from epick.framework.datalayer import data_key
 from epick.plugins.latency.producer import (
     DATA_TYPE,
-    LatencyPrediction,
+    read_predictions,
     requires_latency,
     resolve_latency,
 )
@@ -48,7 +48,7 @@ class LatencySLOAdmitter(NamedPlugin):
     ) -> str | None:
         if request.priority >= 0 or not objectives(request.headers).any:
             return None
-        predictions: Mapping[str, LatencyPrediction] | None = cycle_state.read(self.latency_key, dict)
+        predictions = read_predictions(cycle_state, self.latency_key)
         if not predictions:
             return None
         found = False

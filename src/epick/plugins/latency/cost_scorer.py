@@ -12,15 +12,17 @@ time, which is what decides how busy a server stays: it is the scorer of config/
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
+import numpy as np
 from pydantic import Field
 
 from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads
 from epick.framework.datalayer import data_key
 from epick.plugins.latency.producer import (
     DATA_TYPE,
-    LatencyPrediction,
+    LatencyPredictions,
+    read_predictions,
     requires_latency,
     resolve_latency,
 )
@@ -61,21 +63,29 @@ class LatencyCostScorer(NamedPlugin):
     def score(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
     ) -> list[float]:
-        predictions: Mapping[str, LatencyPrediction] | None = cycle_state.read(self.latency_key, dict)
+        predictions = read_predictions(cycle_state, self.latency_key)
         if not predictions:
             return [0.0] * len(endpoints)
         tokens = self.output_tokens(request)
         w = self.params.ttft_weight
-        costs = []
-        for ep in endpoints:
-            pr = predictions.get(ep.name)
-            costs.append(w * pr.ttft + tokens * pr.tpot if pr is not None else None)
-        known = [c for c in costs if c is not None]
-        if not known:
-            return [0.0] * len(endpoints)
-        low, high = min(known), max(known)
+        if isinstance(predictions, LatencyPredictions):  # the producer's columns: no object per endpoint
+            index = predictions.index
+            rows = [index.get(ep.name, -1) for ep in endpoints]
+            known = np.array(rows) >= 0
+            if not known.any():
+                return [0.0] * len(endpoints)
+            at = np.where(known, rows, 0)
+            cost = w * predictions.ttft[at] + tokens * predictions.tpot[at]
+        else:
+            found = [predictions.get(ep.name) for ep in endpoints]
+            known = np.array([pr is not None for pr in found])
+            if not known.any():
+                return [0.0] * len(endpoints)
+            cost = np.array([w * pr.ttft + tokens * pr.tpot if pr is not None else 0.0 for pr in found])
+        low, high = cost[known].min(), cost[known].max()
         spread = high - low
-        return [0.0 if c is None else (1.0 if spread <= 0 else (high - c) / spread) for c in costs]
+        scores = (high - cost) / spread if spread > 0 else np.ones(len(endpoints))
+        return [float(v) for v in np.where(known, scores, 0.0)]
 
 
 def _factory(name: str, params: CostParameters, handle: Handle) -> LatencyCostScorer:

@@ -35,7 +35,7 @@ checked and otherwise ignored, as upstream since mid-stream sampling went.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -46,6 +46,7 @@ from epick.plugins.latency.producer import (
     LatencyPrediction,
     PredictedLatencyParameters,
     PredictedLatencyProducer,
+    read_predictions,
 )
 from epick.plugins.latency.scorer import go_round
 from epick.plugins.load.inflight import InFlightLoadProducer, resolve_inflight
@@ -131,7 +132,7 @@ class PredictedLatencyScorer(PredictedLatencyProducer):
         scores = [0.0] * len(endpoints)
         if not endpoints:
             return scores
-        predictions: Mapping[str, LatencyPrediction] | None = cycle_state.read(self.key, dict)
+        predictions = read_predictions(cycle_state, self.key)
         match = cycle_state.read(self.match_key, PrefixMatch) if self.match_key else None
         candidates = []
         for i, ep in enumerate(endpoints):

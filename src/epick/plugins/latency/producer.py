@@ -35,11 +35,12 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 from pydantic import BeforeValidator, Field, field_validator
 
 from epick.framework import (
@@ -96,6 +97,64 @@ class LatencyPrediction:
     @property
     def valid(self) -> bool:
         return self.ttft_valid and self.tpot_valid
+
+
+class LatencyPredictions(Mapping[str, LatencyPrediction]):
+    """Every candidate's prediction for one request, by endpoint name: kept as columns (one array per
+    field) and turned into a `LatencyPrediction` only for the endpoints a consumer reads."""
+
+    __slots__ = (
+        "dispatched",
+        "index",
+        "tpot",
+        "tpot_headroom",
+        "tpot_valid",
+        "ttft",
+        "ttft_headroom",
+        "ttft_valid",
+    )
+
+    def __init__(
+        self,
+        index: dict[str, int],
+        *,
+        ttft: Matrix,
+        tpot: Matrix,
+        ttft_headroom: Matrix,
+        tpot_headroom: Matrix,
+        ttft_valid: npt.NDArray[np.bool_],
+        tpot_valid: npt.NDArray[np.bool_],
+        dispatched: list[int],
+    ) -> None:
+        self.index = index
+        self.ttft, self.tpot = ttft, tpot
+        self.ttft_headroom, self.tpot_headroom = ttft_headroom, tpot_headroom
+        self.ttft_valid, self.tpot_valid = ttft_valid, tpot_valid
+        self.dispatched = dispatched
+
+    def __getitem__(self, name: str) -> LatencyPrediction:
+        i = self.index[name]
+        return LatencyPrediction(
+            bool(self.ttft_valid[i]),
+            bool(self.tpot_valid[i]),
+            float(self.ttft_headroom[i]),
+            float(self.tpot_headroom[i]),
+            float(self.ttft[i]),
+            float(self.tpot[i]),
+            self.dispatched[i],
+        )
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.index)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+
+def read_predictions(cycle_state: CycleState, key: str) -> Mapping[str, LatencyPrediction] | None:
+    """The predictions a producer wrote under `key` (by endpoint name), or None."""
+    found = cycle_state.read(key, object)
+    return found if isinstance(found, Mapping) else None
 
 
 def _go_nanoseconds(value: object) -> object:
@@ -160,7 +219,7 @@ class _Context:
     objectives: Objectives
     rows: Matrix | None = None  # the candidates' features, one row each
     index: dict[str, int] = field(default_factory=dict)  # endpoint name -> its row
-    predictions: dict[str, LatencyPrediction] = field(default_factory=dict)
+    predictions: LatencyPredictions | None = None
     target: str | None = None  # where it was dispatched (the primary target)
     trained_on: str | None = None  # whose features train the TTFT (the prefill target if any)
     dispatched_at: float = 0.0
@@ -231,8 +290,7 @@ class PredictedLatencyProducer(NamedPlugin):
 
     # What consumers read.
     def predictions(self, cycle_state: CycleState) -> Mapping[str, LatencyPrediction] | None:
-        found = cycle_state.read(self.key, dict)
-        return found
+        return read_predictions(cycle_state, self.key)
 
     def dispatched(self, endpoint: str) -> int:
         running = self._running.get(endpoint)
@@ -247,23 +305,19 @@ class PredictedLatencyProducer(NamedPlugin):
         match = cycle_state.read(self.match_key, PrefixMatch) if self.match_key else None
         x = np.zeros((n, len(FEATURES)))
         x[:, INPUT] = prompt
-        kv, waiting, running, prefix, tokens = [], [], [], [], []
-        inflight = self.inflight
-        for ep in endpoints:
-            m = ep.metrics
-            kv.append(m.kv_cache_usage_percent)
-            waiting.append(m.waiting_queue_size)
-            if inflight is not None:
-                load = inflight.load(ep.name)
-                tokens.append(load.tokens)
-                running.append(load.requests)
-            else:
-                tokens.append(0)
-                running.append(m.running_requests_size)
-            if match is not None and match.total_blocks > 0:
-                prefix.append(match.matched.get(ep.name, 0) / match.total_blocks)
-            else:
-                prefix.append(0.0)
+        names = [ep.name for ep in endpoints]
+        metrics = [ep.metrics for ep in endpoints]
+        kv = [m.kv_cache_usage_percent for m in metrics]
+        waiting = [m.waiting_queue_size for m in metrics]
+        if self.inflight is not None:
+            running, tokens = self.inflight.loads(names)
+        else:
+            running, tokens = [m.running_requests_size for m in metrics], [0] * n
+        if match is not None and match.total_blocks > 0:
+            held, total = match.matched, match.total_blocks
+            prefix = [held.get(name, 0) / total for name in names]
+        else:
+            prefix = [0.0] * n
         # A garbage scrape (NaN, negative) counts as 0; shares stay within [0, 1].
         x[:, KV] = np.clip(np.nan_to_num(kv, nan=0.0, posinf=1.0, neginf=0.0), 0.0, 1.0)
         x[:, WAITING] = np.maximum(waiting, 0)
@@ -291,34 +345,49 @@ class PredictedLatencyProducer(NamedPlugin):
         if not self.params.predict_in_produce or not endpoints:
             return
         ttft, tpot = self.predictor.predict(x)
-        predictions = {}
-        for i, ep in enumerate(endpoints):
-            predictions[ep.name] = self._judge(ctx.objectives, ep, float(ttft[i]), float(tpot[i]))
+        predictions = self._judge(ctx.objectives, endpoints, ctx.index, ttft, tpot)
         ctx.predictions = predictions
         cycle_state.write(self.key, predictions)
 
-    def _judge(self, slo: Objectives, endpoint: Endpoint, ttft: float, tpot: float) -> LatencyPrediction:
+    def _judge(
+        self,
+        slo: Objectives,
+        endpoints: Sequence[Endpoint],
+        index: dict[str, int],
+        ttft: Matrix,
+        tpot: Matrix,
+    ) -> LatencyPredictions:
+        """Each candidate's validity and headroom against the request's objectives."""
         p = self.params
-        ttft_valid = ttft < slo.ttft_ms
-        tpot_valid, tpot_headroom = True, 0.0
-        role_label = p.endpoint_role_label
-        prefill = bool(role_label) and endpoint.labels.get(role_label) == "prefill"
-        if p.streaming_mode and not prefill:
-            buffered = slo.tpot_ms * p.slo_buffer_factor
-            running = self._running.get(endpoint.name)
-            tightest = running.min_tpot() if running is not None else 0.0
-            if tightest > 0:
-                buffered = min(buffered, tightest * p.slo_buffer_factor)
-            tpot_valid = tpot < buffered
+        running = self._running
+        dispatched = [len(running[ep.name]) if ep.name in running else 0 for ep in endpoints]
+        ttft_headroom = slo.ttft_ms - ttft
+        if p.streaming_mode:
+            # The objective × the buffer, tightened by the strictest request running there.
+            tightest = np.array(
+                [running[ep.name].min_tpot() if ep.name in running else 0.0 for ep in endpoints]
+            )
+            buffered = np.full(len(endpoints), slo.tpot_ms * p.slo_buffer_factor)
+            buffered = np.where(tightest > 0, np.minimum(buffered, tightest * p.slo_buffer_factor), buffered)
             tpot_headroom = buffered - tpot
-        return LatencyPrediction(
-            ttft_valid,
-            tpot_valid,
-            slo.ttft_ms - ttft,
-            tpot_headroom,
-            ttft,
-            tpot,
-            self.dispatched(endpoint.name),
+            tpot_valid = tpot < buffered
+            role_label = p.endpoint_role_label
+            if role_label:  # a prefill endpoint is never judged on TPOT
+                prefill = np.array([ep.labels.get(role_label) == "prefill" for ep in endpoints])
+                tpot_headroom = np.where(prefill, 0.0, tpot_headroom)
+                tpot_valid = tpot_valid | prefill
+        else:
+            tpot_headroom = np.zeros(len(endpoints))
+            tpot_valid = np.ones(len(endpoints), dtype=np.bool_)
+        return LatencyPredictions(
+            index,
+            ttft=ttft,
+            tpot=tpot,
+            ttft_headroom=ttft_headroom,
+            tpot_headroom=tpot_headroom,
+            ttft_valid=ttft < slo.ttft_ms,
+            tpot_valid=tpot_valid,
+            dispatched=dispatched,
         )
 
     # PreRequest: the request runs on its primary target from now.

@@ -24,7 +24,7 @@ scorer then prefers the least predicted latency.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,6 +35,7 @@ from epick.framework.datalayer import data_key
 from epick.plugins.latency.producer import (
     DATA_TYPE,
     LatencyPrediction,
+    read_predictions,
     requires_latency,
     resolve_latency,
 )
@@ -124,7 +125,7 @@ class LatencyScorer(NamedPlugin):
     def score(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
     ) -> list[float]:
-        predictions: Mapping[str, LatencyPrediction] | None = cycle_state.read(self.latency_key, dict)
+        predictions = read_predictions(cycle_state, self.latency_key)
         entries = [
             _Entry(i, predictions.get(ep.name) if predictions else None) for i, ep in enumerate(endpoints)
         ]

@@ -11,7 +11,7 @@ what the busier endpoints do. With only one tier, that tier passes.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from pydantic import Field
 
@@ -19,7 +19,7 @@ from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin,
 from epick.framework.datalayer import data_key
 from epick.plugins.latency.producer import (
     DATA_TYPE,
-    LatencyPrediction,
+    read_predictions,
     requires_latency,
     resolve_latency,
 )
@@ -56,7 +56,7 @@ class SLOHeadroomTierFilter(NamedPlugin):
     ) -> list[Endpoint]:
         if len(endpoints) <= 1:
             return list(endpoints)
-        predictions: Mapping[str, LatencyPrediction] | None = cycle_state.read(self.latency_key, dict)
+        predictions = read_predictions(cycle_state, self.latency_key)
         if not predictions:
             return list(endpoints)
         positive, negative, unknown = [], [], []

@@ -122,6 +122,12 @@ class InFlightLoadProducer(NamedPlugin):
         c = self._counts.get(endpoint)
         return InFlightLoad(c.requests, c.tokens) if c is not None else InFlightLoad()
 
+    def loads(self, endpoints: Sequence[str]) -> tuple[list[int], list[int]]:
+        """Requests and tokens in flight on each of `endpoints`, as two lists."""
+        counts = self._counts
+        found = [counts.get(name) for name in endpoints]
+        return [c.requests if c else 0 for c in found], [c.tokens if c else 0 for c in found]
+
     # Estimates.
     def estimated_output(self, prompt: int, client_max: int | None) -> int:
         if prompt <= 0:
