@@ -235,6 +235,11 @@ class EpickPolicy:
         return self._prefill
 
     # Timed: a response as it streams back.
+    @property
+    def hears_first_tokens(self) -> bool:
+        hooks = self.config.hooks
+        return bool(hooks.response_received or hooks.response_streaming)
+
     def first_token(self, request: SimRequestSpec, now: float) -> None:
         """The first chunk: the response's headers and first chunk reach the hooks (in virtual time)."""
         entry = self._requests.get(request.request_id)

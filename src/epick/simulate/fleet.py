@@ -175,7 +175,7 @@ class Fleet:
         self._disaggregating = policy if isinstance(policy, Disaggregating) else None
         self._queueing = policy if isinstance(policy, Queueing) else None
         self._timed = policy if isinstance(policy, Timed) else None
-        if self._timed is not None:
+        if self._timed is not None and self._timed.hears_first_tokens:
             for e in self.engines:
                 e.first_tokens = []
         self._held: dict[str, SimRequestSpec] = {}  # requests the policy holds

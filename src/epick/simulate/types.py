@@ -113,6 +113,10 @@ class Timed(Protocol):
     """A policy that hears a streamed response as a router does: `first_token` when a request's first
     token leaves its server, and `served` with the tokens it produced just before its `finished`."""
 
+    # Whether `first_token` should be called: tracking first tokens costs an event per request.
+    @property
+    def hears_first_tokens(self) -> bool: ...
+
     def first_token(self, request: SimRequestSpec, now: float) -> None: ...
 
     def served(self, request: SimRequestSpec, output_tokens: int) -> None: ...
