@@ -219,3 +219,44 @@ def test_precise_index_metrics_when_enabled() -> None:
     assert "llm_d_epp_kv_cache_index_keys" in text
     quiet = generate_latest(EppMetrics(POOL, Datastore(), lambda: off).registry).decode()
     assert "llm_d_epp_kv_cache_index" not in quiet
+
+
+def test_predicted_latency_metrics_compare_predictions_with_responses() -> None:
+    from epick.framework import CycleState, ProfileRunResult, Response, SchedulingResult, Usage
+    from epick.plugins.latency.producer import PredictedLatencyProducer
+    from tests.builders import make_endpoint, make_request
+
+    config = load_config_text(
+        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n"
+        "- type: predicted-latency-producer\n"
+        "  parameters: {streamingMode: true, predictor: {learner: analytic}}\n"
+    )
+    producer = config.plugins["predicted-latency-producer"]
+    assert isinstance(producer, PredictedLatencyProducer)
+    now = [10.0]
+    producer.clock = lambda: now[0]
+    a = make_endpoint("a")
+    request = make_request(headers={"x-llm-d-slo-ttft-ms": "100"})
+    producer.produce(request, CycleState(), [a])
+    producer.pre_request(
+        request, SchedulingResult({"default": ProfileRunResult([a])}, "default"), CycleState()
+    )
+    now[0] += 0.25  # TTFT 250 ms: over the 100 ms objective; the analytic model predicted 6 ms + prefill
+    producer.response_streaming(request, Response(request.request_id, streaming=True), a)
+    now[0] += 0.5
+    producer.response_complete(
+        request, Response(request.request_id, end_of_stream=True, usage=Usage(1, 51)), a
+    )
+    s = Scrape(EppMetrics(POOL, Datastore(), lambda: config))
+    ttft = {"plugin": "predicted-latency-producer/predicted-latency-producer", "target": "ttft"}
+    tpot = {**ttft, "target": "tpot"}
+    assert s.value("llm_d_epp_predicted_latency_responses_total", **ttft) == 1.0
+    assert s.value("llm_d_epp_predicted_latency_actual_milliseconds_total", **ttft) == pytest.approx(250.0)
+    predicted = s.value("llm_d_epp_predicted_latency_predicted_milliseconds_total", **ttft)
+    assert s.value("llm_d_epp_predicted_latency_absolute_error_milliseconds_total", **ttft) == pytest.approx(
+        250.0 - predicted
+    )
+    assert s.value("llm_d_epp_predicted_latency_objective_misses_total", **ttft) == 1.0
+    assert s.value("llm_d_epp_predicted_latency_actual_milliseconds_total", **tpot) == pytest.approx(10.0)
+    assert s.value("llm_d_epp_predicted_latency_learned", **ttft) == 0.0
+    assert s.value("llm_d_epp_predicted_latency_model_fits_total", **ttft) == 0.0

@@ -15,6 +15,7 @@ from epick.flowcontrol import FlowItem, FlowObserver
 from epick.flowcontrol.registry import BandStats
 from epick.framework import InferenceRequest, Plugin, Usage
 from epick.framework.flowcontrol import FlowKey
+from epick.plugins.latency.producer import Accuracy, PredictedLatencyProducer
 from epick.plugins.prefix.precise import PrecisePrefixCacheProducer
 from epick.plugins.prefix.scorer import PrefixCacheScorer
 from epick.requestcontrol.director import Observer
@@ -89,6 +90,7 @@ class _PoolState(Collector):
         yield size
         yield ratio
         yield from _precise_index(self.config())
+        yield from _predicted_latency(self.config())
 
 
 def _precise_index(config: LoadedConfig) -> Iterator[Metric]:
@@ -116,6 +118,49 @@ def _precise_index(config: LoadedConfig) -> Iterator[Metric]:
     for p in producers:
         keys.add_metric([str(p.typed_name)], float(len(p.index)))
     yield keys
+
+
+def _predicted_latency(config: LoadedConfig) -> Iterator[Metric]:
+    """How each predicted-latency producer's predictions compare with the responses (epick's own
+    names; upstream records histograms per request under inference_objective_*)."""
+    producers = [p for p in config.plugins.values() if isinstance(p, PredictedLatencyProducer)]
+    if not producers:
+        return
+    prefix = f"{LLMD_SUBSYSTEM}_predicted_latency"
+    labels = ["plugin", "target"]
+    counters: list[tuple[str, str, Callable[[Accuracy], float]]] = [
+        ("responses", "Responses the predictor learned from", lambda a: a.responses),
+        ("predicted_responses", "Of them, those a prediction was made for", lambda a: a.predicted),
+        ("actual_milliseconds", "Sum of the observed latencies", lambda a: a.actual_ms),
+        ("predicted_milliseconds", "Sum of the latencies predicted for them", lambda a: a.predicted_ms),
+        ("absolute_error_milliseconds", "Sum of |predicted - observed|", lambda a: a.absolute_error_ms),
+        (
+            "objective_misses",
+            "Responses slower than the request's latency objective",
+            lambda a: a.objective_misses,
+        ),
+    ]
+    for name, doc, value in counters:
+        counter = CounterMetricFamily(f"{prefix}_{name}", doc, labels=labels)
+        for p in producers:
+            counter.add_metric([str(p.typed_name), "ttft"], float(value(p.ttft_accuracy)))
+            counter.add_metric([str(p.typed_name), "tpot"], float(value(p.tpot_accuracy)))
+        yield counter
+    fits = CounterMetricFamily(
+        f"{prefix}_model_fits", "Models fitted on the observed responses", labels=labels
+    )
+    learned = GaugeMetricFamily(
+        f"{prefix}_learned", "1 when a learned model answers, 0 while the analytic model does", labels=labels
+    )
+    for p in producers:
+        ttft_fits, tpot_fits = p.predictor.fits
+        ttft_learned, tpot_learned = p.predictor.trained
+        fits.add_metric([str(p.typed_name), "ttft"], float(ttft_fits))
+        fits.add_metric([str(p.typed_name), "tpot"], float(tpot_fits))
+        learned.add_metric([str(p.typed_name), "ttft"], float(ttft_learned))
+        learned.add_metric([str(p.typed_name), "tpot"], float(tpot_learned))
+    yield fits
+    yield learned
 
 
 def _admissions(p: PrecisePrefixCacheProducer) -> int:

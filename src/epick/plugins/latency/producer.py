@@ -27,7 +27,8 @@ own parameters: `predictor.learner` ("gbdt", the default, or "analytic"), `windo
 `tpotPerRunningMs`, `tpotFullKvMs`).
 Accepted and ignored as upstream: `samplingMean`, `maxDecodeTokenSamplesForPrediction`. With
 `useEncoderCacheFeatures` epick reads nothing more (its predictor has no encoder features; said at
-load). No `llm_d_epp_*` prediction metrics yet.
+load). Metrics: epick's own `llm_d_epp_predicted_latency_*` (docs/service.md), not upstream's
+`inference_objective_request_*` histograms.
 """
 
 from __future__ import annotations
@@ -226,9 +227,38 @@ class _Context:
     ttft_ms: float = 0.0
     chunks: int = 0
 
+    def predicted(self, endpoint: str | None, what: str) -> float | None:
+        """The TTFT or TPOT predicted for `endpoint` at the decision, if one was."""
+        i = self.index.get(endpoint) if endpoint is not None else None
+        if i is None or self.predictions is None:
+            return None
+        return float((self.predictions.ttft if what == "ttft" else self.predictions.tpot)[i])
+
     def row(self, endpoint: str | None) -> Matrix | None:
         i = self.index.get(endpoint) if endpoint is not None else None
         return self.rows[i] if i is not None and self.rows is not None else None
+
+
+@dataclass(slots=True)
+class Accuracy:
+    """How one target's predictions compared with what the responses showed (for the metrics)."""
+
+    responses: int = 0  # responses observed
+    predicted: int = 0  # of them, those a prediction was made for (predictInProduce)
+    actual_ms: float = 0.0  # sum of observed latencies
+    predicted_ms: float = 0.0  # sum of the predictions made for them
+    absolute_error_ms: float = 0.0  # sum of |predicted − observed|
+    objective_misses: int = 0  # responses slower than the request's objective (when it set one)
+
+    def add(self, actual: float, predicted: float | None, objective: float) -> None:
+        self.responses += 1
+        self.actual_ms += actual
+        if predicted is not None:
+            self.predicted += 1
+            self.predicted_ms += predicted
+            self.absolute_error_ms += abs(predicted - actual)
+        if objective > 0 and actual > objective:
+            self.objective_misses += 1
 
 
 class _RunningSet:
@@ -287,6 +317,8 @@ class PredictedLatencyProducer(NamedPlugin):
         self.clock = clock
         self._contexts: dict[int, _Context] = {}  # by InferenceRequest.key, oldest first
         self._running: dict[str, _RunningSet] = {}
+        self.ttft_accuracy = Accuracy()
+        self.tpot_accuracy = Accuracy()
 
     # What consumers read.
     def predictions(self, cycle_state: CycleState) -> Mapping[str, LatencyPrediction] | None:
@@ -441,11 +473,13 @@ class PredictedLatencyProducer(NamedPlugin):
             row = ctx.row(ctx.target)
             if row is not None and tpot > 0:
                 self.predictor.observe_tpot(row, tpot)
+                self.tpot_accuracy.add(tpot, ctx.predicted(ctx.target, "tpot"), ctx.objectives.tpot_ms)
 
     def _train_ttft(self, ctx: _Context) -> None:
         row = ctx.row(ctx.trained_on)
         if row is not None:
             self.predictor.observe_ttft(row, ctx.ttft_ms)
+            self.ttft_accuracy.add(ctx.ttft_ms, ctx.predicted(ctx.trained_on, "ttft"), ctx.objectives.ttft_ms)
 
     def _leave(self, key: int, ctx: _Context) -> None:
         if ctx.target is None:
