@@ -501,3 +501,47 @@ def test_gie_scorer_parameters() -> None:
     )
     scorer = config.plugins["predicted-latency-scorer"]
     assert isinstance(scorer, PredictedLatencyScorer) and scorer in config.hooks.producers
+
+
+# smallest-cache-scorer (epick's own).
+def test_smallest_cache_sends_cold_requests_where_the_index_holds_least() -> None:
+    from epick.plugins.prefix.index import PrefixIndex
+    from epick.plugins.prefix.smallest_cache import SmallestCacheScorer
+
+    index = PrefixIndex(100)
+    index.add("a", [1, 2, 3, 4])
+    index.add("b", [5, 6])
+    scorer = SmallestCacheScorer(producer="p", index=index)
+    eps = [make_endpoint(n) for n in "abc"]
+    cold = CycleState()
+    cold.write(data_key(MATCH_DATA_TYPE, "p"), PrefixMatch(3, 64, {}))
+    assert scorer.score(make_request(), cold, eps) == [0.0, 0.5, 1.0]  # a 4 blocks, b 2, c none
+    warm = CycleState()
+    warm.write(data_key(MATCH_DATA_TYPE, "p"), PrefixMatch(3, 64, {"b": 1}))
+    assert scorer.score(make_request(), warm, eps) == [0.5, 0.5, 0.5]
+    assert scorer.score(make_request(), CycleState(), eps) == [0.5, 0.5, 0.5]  # no match: nothing known
+    empty = SmallestCacheScorer(producer="p", index=PrefixIndex(10))
+    assert empty.score(make_request(), cold, eps) == [1.0, 1.0, 1.0]
+
+
+def test_smallest_cache_reads_the_configs_approximate_index() -> None:
+    config = load_config_text(
+        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
+        "plugins:\n- type: smallest-cache-scorer\n- type: max-score-picker\n"
+        "schedulingProfiles:\n- name: d\n  plugins:\n  - pluginRef: smallest-cache-scorer\n"
+        "  - pluginRef: max-score-picker\n",
+        seed=0,
+    )
+    from epick.plugins.prefix.producer import ApproxPrefixCacheProducer
+    from epick.plugins.prefix.smallest_cache import SmallestCacheScorer
+
+    scorer, producer = config.plugins["smallest-cache-scorer"], config.plugins["approx-prefix-cache-producer"]
+    assert isinstance(scorer, SmallestCacheScorer) and isinstance(producer, ApproxPrefixCacheProducer)
+    assert scorer.index is producer.index
+    with pytest.raises(ConfigError, match="not an approx-prefix-cache-producer"):
+        load_config_text(
+            "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
+            "plugins:\n- type: smallest-cache-scorer\n  parameters: {prefixMatchInfoProducerName: q}\n"
+            "- name: q\n  type: queue-scorer\n",
+            seed=0,
+        )

@@ -63,8 +63,11 @@ from epick.plugins.pickers.max_score import MaxScorePicker
 from epick.plugins.pickers.random_picker import RandomPicker
 from epick.plugins.pickers.round_robin import RoundRobinPicker
 from epick.plugins.pickers.weighted_random import WeightedRandomPicker
+from epick.plugins.prefix.index import PrefixIndex
 from epick.plugins.prefix.precise_scorer import PrecisePrefixCacheScorer
+from epick.plugins.prefix.producer import ApproxPrefixCacheProducer
 from epick.plugins.prefix.scorer import MultiClusterPrefixCacheScorer, PrefixCacheScorer
+from epick.plugins.prefix.smallest_cache import SmallestCacheScorer
 from epick.plugins.scorers.active_request import ActiveRequestScorer
 from epick.plugins.scorers.context_length_aware import ContextLengthAware
 from epick.plugins.scorers.endpoint_attribute import EndpointAttributeScorer
@@ -196,6 +199,7 @@ def every_scorer(clock: FakeClock, inflight: InFlightLoadProducer | None = None)
         LatencyScorer(prefix_producer="approx-prefix-cache-producer"),
         LatencyCostScorer(),
         PredictedLatencyScorer(prefix_producer="approx-prefix-cache-producer", rng=random.Random(0)),
+        SmallestCacheScorer(producer="approx-prefix-cache-producer", index=PrefixIndex(16)),
     ]
 
 
@@ -203,6 +207,8 @@ class _Handle:
     def plugin(self, name: str) -> Any:
         if name == "low-queue-filter":  # what REQUIRED_PARAMETERS' decision trees refer to
             return LowQueueFilter()
+        if name == "approx-prefix-cache-producer":  # the index smallest-cache-scorer reads
+            return ApproxPrefixCacheProducer(name)
         raise LookupError(name, "not in this test")  # as the loader's handle says so
 
     def rng(self, name: str) -> random.Random:
@@ -298,7 +304,7 @@ def test_scores_are_in_unit_interval_for_valid_metrics(
 @given(
     request=requests(),
     endpoints=endpoint_lists(wild=True),
-    weights=st.lists(st.floats(0.0, 10.0), min_size=23, max_size=23),
+    weights=st.lists(st.floats(0.0, 10.0), min_size=24, max_size=24),
     seed=st.integers(0, 2**16),
 )
 def test_scores_after_the_runtime_clamps_are_in_unit_interval(

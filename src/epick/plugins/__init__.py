@@ -34,7 +34,7 @@ from epick.plugins.multimodal import producer as mm_producer
 from epick.plugins.multimodal import scorer as mm_scorer
 from epick.plugins.parsers import anthropic, openai, passthrough, sglanghttp, vertexai, vllmgrpc, vllmhttp
 from epick.plugins.pickers import max_score, random_picker, round_robin, weighted_random
-from epick.plugins.prefix import burst, p2p_source, precise, precise_scorer
+from epick.plugins.prefix import burst, p2p_source, precise, precise_scorer, smallest_cache
 from epick.plugins.prefix import producer as prefix_producer
 from epick.plugins.prefix import scorer as prefix_scorer
 from epick.plugins.prerequest import prefill_header
@@ -136,6 +136,7 @@ def in_tree_plugins() -> list[PluginSpec]:
         latency_admitter.SPEC,
         latency_cost_scorer.SPEC,
         predicted_latency_scorer.SPEC,
+        smallest_cache.SPEC,
         utilization_filter.SPEC,
         session_producer.SPEC,
         session_filter.SPEC,
