@@ -153,6 +153,15 @@ async def test_a_client_that_disconnects_leaves_the_queue_at_once(
         {"outcome": "EvictedContextCancelled", "priority": "0", "inference_pool": service.options.pool_name},
     )
     assert metrics == 1.0
+    # Both requests were admitted to a queue (A dispatched at once, the other held): two enqueues.
+    enqueued = [
+        service.metrics.registry.get_sample_value(
+            "inference_extension_flow_control_request_enqueue_duration_seconds_count",
+            {"fairness_id": tenant, "priority": "0", "outcome": "NotYetFinalized"},
+        )
+        for tenant in ("x", "y")
+    ]
+    assert enqueued == [1.0, 1.0]
 
 
 async def test_overload_from_many_tenants_every_request_answered_once(

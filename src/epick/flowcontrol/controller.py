@@ -59,6 +59,10 @@ class FlowObserver:
     def finalized(self, item: FlowItem) -> None:
         """`item.outcome` is set; `item.wait` is its time in flow control."""
 
+    def enqueued(self, item: FlowItem, seconds: float) -> None:
+        """Admitting `item` to its queue (or refusing it) took `seconds` of processing; its outcome
+        is set when it was refused."""
+
     def saturation(self, stage: str, value: float) -> None:
         pass
 
@@ -130,6 +134,7 @@ class FlowController:
     ) -> FlowItem:
         """Queue `request` in its flow (fairness id, the request's priority), or refuse it at once
         (the returned item then has its outcome)."""
+        started = time.perf_counter()
         now = self.clock()
         band = self.registry.band_for(request.priority)
         size = request.size if byte_size is None else byte_size
@@ -160,6 +165,7 @@ class FlowController:
         else:
             self.registry.add(band, self.registry.queue_for(band, item.flow_key.id, now), item)
             self._fifo[item.seq] = item
+        self.observer.enqueued(item, time.perf_counter() - started)
         return item
 
     def cancel(self, item: FlowItem) -> bool:

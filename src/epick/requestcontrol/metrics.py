@@ -253,7 +253,8 @@ class EppMetrics(Observer):
 class FlowMetrics(FlowObserver):
     """Flow control's metrics, with the names and labels upstream gives them under the
     `inference_extension` subsystem (llm-d/llm-d-router, pkg/epp/metrics/metrics.go):
-    queue size and bytes while requests are held, the time each spent and its outcome, dispatch
+    queue size and bytes while requests are held, the time each spent and its outcome, the time
+    admitting it to a queue took (`request_enqueue_duration_seconds`), dispatch
     cycles, pool saturation by stage, and each band's (and all bands') occupancy of its limits.
     `inference_extension_flow_control_requests_total` counts outcomes (upstream has it under its
     `llm_d_epp` subsystem only)."""
@@ -276,6 +277,11 @@ class FlowMetrics(FlowObserver):
             "Time requests spend in the Flow Control layer, from enqueue to final outcome.",
             ["fairness_id", "priority", "outcome", "inference_pool", "model_name", "target_model_name"],
             buckets=QUEUE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self._enqueue_duration = Histogram(
+            "inference_extension_flow_control_request_enqueue_duration_seconds",
+            "Distribution of time taken to enqueue requests into the Flow Control layer.",
+            ["fairness_id", "priority", "outcome"], buckets=CYCLE_BUCKETS, registry=r,
         )  # fmt: skip
         self._outcomes = Counter(
             "inference_extension_flow_control_requests",
@@ -327,6 +333,11 @@ class FlowMetrics(FlowObserver):
         fairness, priority, pool, model, target = labels
         self._queue_duration.labels(fairness, priority, outcome, pool, model, target).observe(item.wait)
         self._outcomes.labels(outcome, priority, pool).inc()
+
+    def enqueued(self, item: FlowItem, seconds: float) -> None:
+        outcome = item.outcome.value if item.outcome is not None else "NotYetFinalized"
+        key = item.flow_key
+        self._enqueue_duration.labels(key.id, str(key.priority), outcome).observe(seconds)
 
     def saturation(self, stage: str, value: float) -> None:
         self._saturation.labels(self.pool, stage).set(value)
