@@ -47,6 +47,7 @@ from epick.plugins.latency.producer import (
     PredictedLatencyParameters,
     PredictedLatencyProducer,
     read_predictions,
+    requires_inputs,
 )
 from epick.plugins.latency.scorer import go_round
 from epick.plugins.load.inflight import InFlightLoadProducer, resolve_inflight
@@ -300,17 +301,10 @@ def _factory(name: str, params: GIEPredictedLatencyParameters, handle: Handle) -
     )
 
 
-def _requires(params: GIEPredictedLatencyParameters, api_version: str = "") -> tuple[str, ...]:
-    needed = [] if params.prefix_match_info_producer_name else ["approx-prefix-cache-producer"]
-    if not params.in_flight_load_producer_name:
-        needed.append("inflight-load-producer")
-    return tuple(needed)
-
-
 SPEC = PluginSpec(
     TYPE,
     _factory,
     GIEPredictedLatencyParameters,
     "GIE v1.5.0's predicted-latency plugin: predicts, then picks one endpoint by headroom and affinity",
-    requires=_requires,
+    requires=requires_inputs,
 )

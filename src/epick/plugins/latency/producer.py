@@ -517,7 +517,8 @@ def _factory(name: str, params: PredictedLatencyParameters, handle: Handle) -> P
     return PredictedLatencyProducer(name, params, prefix_producer=prefix, inflight=inflight)
 
 
-def _requires(params: PredictedLatencyParameters, api_version: str = "") -> tuple[str, ...]:
+def requires_inputs(params: PredictedLatencyParameters, api_version: str = "") -> tuple[str, ...]:
+    """The producers a predicting plugin reads (added with defaults when the config names none)."""
     needed = [] if params.prefix_match_info_producer_name else ["approx-prefix-cache-producer"]
     if not params.in_flight_load_producer_name:
         needed.append("inflight-load-producer")
@@ -551,5 +552,5 @@ SPEC = PluginSpec(
     _factory,
     PredictedLatencyParameters,
     "predicted TTFT and TPOT per candidate, and their headroom against the request's objectives",
-    requires=_requires,
+    requires=requires_inputs,
 )
