@@ -545,3 +545,72 @@ def test_smallest_cache_reads_the_configs_approximate_index() -> None:
             "- name: q\n  type: queue-scorer\n",
             seed=0,
         )
+
+
+# Found in review: retries, the running sets' heap, streaming without a chunk, the context TTL.
+def test_a_retried_request_leaves_the_endpoint_it_was_first_sent_to() -> None:
+    clock = Clock()
+    producer, _ = _producer(clock, streamingMode=True)
+    a, b = make_endpoint("a"), make_endpoint("b")
+    r = make_request(headers={"x-llm-d-slo-tpot-ms": "5"})
+    producer.produce(r, CycleState(), [a, b])
+    producer.pre_request(r, _result(a), CycleState())
+    producer.produce(r, CycleState(), [b])  # the proxy retries on the others: produce runs again
+    producer.pre_request(r, _result(b), CycleState())
+    assert (producer.dispatched("a"), producer.dispatched("b")) == (0, 1)
+    producer.response_complete(r, Response(r.request_id, end_of_stream=True), b)
+    assert (producer.dispatched("a"), producer.dispatched("b")) == (0, 0)
+
+
+def test_the_running_set_heap_does_not_grow_with_departed_requests() -> None:
+    from epick.plugins.latency.producer import _RunningSet
+
+    running = _RunningSet()
+    running.add(0, 9.0)  # a long request stays
+    for key in range(1, 2000):
+        running.add(key, 5.0)
+        running.remove(key)
+    assert len(running) == 1 and len(running._heap) <= 2 * len(running) + 16
+    assert running.min_tpot() == 9.0
+
+
+def test_streaming_mode_learns_nothing_from_a_response_without_an_earlier_chunk() -> None:
+    clock = Clock()
+    producer, _ = _producer(clock, streamingMode=True)
+    seen: list[float] = []
+    producer.predictor.observe_ttft = lambda f, ms: seen.append(ms)  # type: ignore[method-assign]
+    producer.predictor.observe_tpot = lambda f, ms: seen.append(ms)  # type: ignore[method-assign]
+    a = make_endpoint("a")
+    r = make_request()
+    producer.produce(r, CycleState(), [a])
+    producer.pre_request(r, _result(a), CycleState())
+    clock.now += 3
+    producer.response_complete(r, Response(r.request_id, end_of_stream=True, usage=Usage(1, 20)), a)
+    assert seen == [] and producer.dispatched("a") == 0
+
+
+def test_the_context_ttl_counts_from_the_last_chunk_and_zero_never_expires() -> None:
+    clock = Clock()
+    producer, _ = _producer(clock, streamingMode=True, contextTTL="2s")
+    a = make_endpoint("a")
+    r = make_request()
+    producer.produce(r, CycleState(), [a])
+    producer.pre_request(r, _result(a), CycleState())
+    for _ in range(3):  # a long stream: a chunk a second
+        clock.now += 1.5
+        producer.response_streaming(r, Response(r.request_id, streaming=True), a)
+        producer.produce(make_request(), CycleState(), [a])
+    assert producer.dispatched("a") == 1  # still heard of: kept
+    forever, _ = _producer(clock, contextTTL=0)
+    forever.produce(r, CycleState(), [a])
+    forever.pre_request(r, _result(a), CycleState())
+    clock.now += 10_000
+    forever.produce(make_request(), CycleState(), [a])
+    assert forever.dispatched("a") == 1
+
+
+def test_a_window_smaller_than_min_samples_is_refused() -> None:
+    with pytest.raises(ValueError, match="minSamples"):
+        PredictedLatencyParameters.model_validate({"predictor": {"window": 10, "minSamples": 200}})
+    with pytest.raises(ValueError, match="never holds"):
+        OnlinePredictor(None, window=10, min_samples=200)

@@ -280,7 +280,10 @@ class EpickPolicy:
         req, endpoint = entry
         if response is None:
             response = Response(req.request_id, streaming=True)
-            self._received(request, req, response, endpoint)
+            if tokens is None:  # failed before its first token: no response ever came
+                response.status, response.error = 500, "the simulated request failed"
+            else:
+                self._received(request, req, response, endpoint)
         if tokens is None:
             response.status, response.error = 500, "the simulated request failed"
         else:

@@ -1,7 +1,7 @@
 """`latency-cost-scorer` (epick's own): prefer the candidate predicted to finish the request soonest.
 
-A request's predicted cost on a candidate is its predicted TTFT plus its expected output tokens ×
-its predicted TPOT (the predictions of `latencyPredictionInfoProducerName`, default
+A request's predicted cost on a candidate is `ttftWeight` (1) × its predicted TTFT plus its expected
+output tokens × its predicted TPOT (the predictions of `latencyPredictionInfoProducerName`, default
 `predicted-latency-producer`): the time from dispatch to the last token. Expected output tokens are
 the request's max tokens when it sets them, capped by `maxOutputTokens`, else `defaultOutputTokens`.
 Scores are min-max normalised over the candidates, the cheapest 1 and the dearest 0 (all 1 when they

@@ -27,7 +27,9 @@ and scores it 1, every other 0:
 - `selectionMode` linear (default) draws by weight; max takes the heaviest (the first on a tie).
 Deviation: for composite-least, upstream draws against the total of the weights before they were
 turned around, which can fall through to the first candidate; epick draws against the turned
-weights' own total. Parameters are upstream's (`streamingMode` defaults to true here), plus the
+weights' own total. As the llm-d producer it inherits (and unlike GIE v1.5.0's own validation), an
+endpoint whose `endpointRoleLabel` label says prefill is never judged on TPOT. Parameters are
+upstream's (`streamingMode` defaults to true here), plus the
 producer's (epick's `predictor` among them). `samplingMean` (> 0) and `maxSampledTokens` (>= 0) are
 checked and otherwise ignored, as upstream since mid-stream sampling went.
 """

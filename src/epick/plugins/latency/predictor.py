@@ -156,6 +156,8 @@ class OnlinePredictor:
     ) -> None:
         if window < 1 or min_samples < 1 or retrain_every < 1:
             raise ValueError("window, min_samples and retrain_every must be at least 1")
+        if window < min_samples:
+            raise ValueError(f"a window of {window} never holds min_samples ({min_samples}) observations")
         self.learner = learner
         self.analytic = analytic or AnalyticModel()
         self.min_samples = min_samples

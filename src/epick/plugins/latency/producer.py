@@ -13,9 +13,12 @@ As upstream's (llm-d/llm-d-router, pkg/epp/framework/plugins/requestcontrol/data
   valid with headroom 0. A request with no objective has objective 0: every prediction is then
   invalid with headroom −TTFT, which the latency scorer ranks by least TTFT.
 - PreRequest: the request joins the primary target's running set (with its TPOT objective), and the
-  dispatch time and the features the target was predicted from are kept (for at most `contextTTL`).
-- The responses train the predictor: in streaming mode the first chunk gives the TTFT; otherwise the
-  TTFT is the whole response's time, as upstream. At the end, TPOT = (end − dispatch − TTFT) /
+  dispatch time and the features the target was predicted from are kept until the response ends, or
+  for `contextTTL` after the request was last heard of (<= 0: for ever). A request decided again (a
+  retry) leaves the endpoint it was first sent to.
+- The responses train the predictor: in streaming mode the first chunk gives the TTFT (a response
+  that ends without an earlier chunk trains nothing, as upstream); otherwise the TTFT is the whole
+  response's time, as upstream. At the end, TPOT = (end − dispatch − TTFT) /
   (tokens − 1), tokens being the usage's completion tokens when reported, else the chunks seen
   (upstream counts chunks). Failed responses train nothing.
 - `predictInProduce: false` collects training data and predicts nothing.
@@ -42,7 +45,7 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from epick.framework import (
     CycleState,
@@ -189,6 +192,15 @@ class PredictorParameters(Parameters):
     retrain_every: int = Field(default=200, ge=1)
     analytic: AnalyticParameters = Field(default_factory=AnalyticParameters)
 
+    @model_validator(mode="after")
+    def _window_holds_min_samples(self) -> PredictorParameters:
+        if self.window < self.min_samples:
+            raise ValueError(
+                f"window ({self.window}) must hold at least minSamples ({self.min_samples}) responses, "
+                "or no model is ever fitted"
+            )
+        return self
+
 
 class PredictedLatencyParameters(Parameters):
     sampling_mean: float = 1000.0
@@ -276,6 +288,9 @@ class _RunningSet:
 
     def remove(self, key: int) -> None:
         self.slos.pop(key, None)
+        if len(self._heap) > 2 * len(self.slos) + 16:  # mostly departed requests: rebuild
+            self._heap = [(slo, k) for k, slo in self.slos.items()]
+            heapq.heapify(self._heap)
 
     def min_tpot(self) -> float:
         heap = self._heap
@@ -372,7 +387,9 @@ class PredictedLatencyProducer(NamedPlugin):
         x = self.features(request, cycle_state, endpoints)
         ctx.rows = x
         ctx.index = {ep.name: i for i, ep in enumerate(endpoints)}
-        self._contexts.pop(request.key, None)
+        old = self._contexts.pop(request.key, None)
+        if old is not None:  # decided again (a retry elsewhere): it leaves the endpoint it was sent to
+            self._leave(request.key, old)
         self._contexts[request.key] = ctx
         if not self.params.predict_in_produce or not endpoints:
             return
@@ -442,6 +459,7 @@ class PredictedLatencyProducer(NamedPlugin):
         ctx.dispatched_at = self.clock()
         ctx.ttft_ms = 0.0
         ctx.chunks = 0
+        self._touch(request.key, ctx, ctx.dispatched_at)
         self._running.setdefault(ctx.target, _RunningSet()).add(request.key, ctx.objectives.tpot_ms)
 
     # Responses: training data.
@@ -450,8 +468,10 @@ class PredictedLatencyProducer(NamedPlugin):
         if ctx is None or ctx.target is None:
             return
         ctx.chunks += 1
+        now = self.clock()
+        self._touch(request.key, ctx, now)
         if ctx.ttft_ms == 0.0 and self.params.streaming_mode and not response.end_of_stream:
-            ctx.ttft_ms = max((self.clock() - ctx.dispatched_at) * 1000.0, 1e-3)
+            ctx.ttft_ms = max((now - ctx.dispatched_at) * 1000.0, 1e-3)
             self._train_ttft(ctx)
 
     def response_complete(self, request: InferenceRequest, response: Response, endpoint: Endpoint) -> None:
@@ -463,6 +483,8 @@ class PredictedLatencyProducer(NamedPlugin):
             return
         elapsed_ms = (self.clock() - ctx.dispatched_at) * 1000.0
         if ctx.ttft_ms == 0.0:
+            if self.params.streaming_mode:
+                return  # streaming mode, yet no chunk came before the end: nothing to learn (upstream)
             ctx.ttft_ms = max(elapsed_ms, 1e-3)
             self._train_ttft(ctx)
         tokens = response.usage.completion_tokens if response.usage is not None else 0
@@ -490,9 +512,19 @@ class PredictedLatencyProducer(NamedPlugin):
             if not running:
                 del self._running[ctx.target]
 
+    def _touch(self, key: int, ctx: _Context, now: float) -> None:
+        """The request was heard of: its TTL starts again (upstream's cache extends an entry on every
+        read), and it moves to the back of the expiry order."""
+        ctx.created = now
+        contexts = self._contexts
+        if contexts.get(key) is ctx:
+            contexts[key] = contexts.pop(key)
+
     def _expire(self, now: float) -> None:
-        """Forget requests decided more than `contextTTL` ago (a response never reported): upstream's
-        TTL cache does the same, and their running entries go with them."""
+        """Forget requests not heard of for `contextTTL` (a response never reported), and their running
+        entries with them, as upstream's TTL cache does; a TTL <= 0 never expires (as there)."""
+        if self.params.context_ttl <= 0:
+            return
         cutoff = now - self.params.context_ttl
         contexts = self._contexts
         while contexts:
