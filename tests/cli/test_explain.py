@@ -611,7 +611,7 @@ def test_examples_exits_0(capsys: pytest.CaptureFixture[str], monkeypatch: pytes
     monkeypatch.setenv("COLUMNS", "200")
     assert main(["examples"]) == 0
     text = plain(capsys.readouterr().out)
-    for name in ("default", "lora", "pd", "shadow", "precise-prefix"):
+    for name in ("default", "lora", "pd", "shadow", "precise-prefix", "predicted-latency"):
         assert f"config/{name}.yaml" in text
     assert "shadow candidate (reported only):" in text
     assert "scheduling failed" not in text
@@ -639,3 +639,18 @@ def test_precise_example_replays_recorded_kv_events(
     bad.write_text('{"endpoint": "10.0.0.2:8000", "model": "m", "events": [{"type": "Teleported"}]}\n')
     assert main(["explain", *map(str, args), "--kv-events", str(bad)]) == 2
     assert f"{bad}:1: events[0]: unknown event type 'Teleported'" in capsys.readouterr().err
+
+
+def test_predicted_latency_example_keeps_the_prefix_holder(capsys: pytest.CaptureFixture[str]) -> None:
+    args = (
+        "--config", CONFIGS / "predicted-latency.yaml",
+        "--endpoints", EXAMPLES / "endpoints.json",
+        "--request", EXAMPLES / "request-predicted-latency.json",
+        "--history", EXAMPLES / "history.json",
+    )  # fmt: skip
+    code, result = run_json(capsys, *args)
+    assert code == 0
+    profile = result["profiles"]["default"]
+    # The history sent this system prompt to pod-a: the affinity filter keeps it alone.
+    assert profile["filters"][0]["kept"] == ["pod-a"] and result["targets"] == ["pod-a"]
+    assert profile["scorers"][0]["plugin"] == "latency-cost-scorer/latency-cost-scorer"

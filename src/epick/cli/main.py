@@ -124,7 +124,7 @@ def cmd_examples(args: argparse.Namespace) -> int:
     configs = Path(args.configs)
     console = Console(highlight=False)
     status = EXIT_OK
-    for name in ("default", "lora", "pd", "shadow", "precise-prefix"):
+    for name in ("default", "lora", "pd", "shadow", "precise-prefix", "predicted-latency"):
         console.rule(f"[bold]config/{name}.yaml[/bold]", style="cyan")
         ns = argparse.Namespace(
             config=str(configs / f"{name}.yaml"),
