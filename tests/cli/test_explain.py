@@ -654,3 +654,21 @@ def test_predicted_latency_example_keeps_the_prefix_holder(capsys: pytest.Captur
     # The history sent this system prompt to pod-a: the affinity filter keeps it alone.
     assert profile["filters"][0]["kept"] == ["pod-a"] and result["targets"] == ["pod-a"]
     assert profile["scorers"][0]["plugin"] == "latency-cost-scorer/latency-cost-scorer"
+
+
+def test_explain_shows_what_the_latency_producer_predicted(capsys: pytest.CaptureFixture[str]) -> None:
+    args = (
+        "--config", CONFIGS / "predicted-latency.yaml",
+        "--endpoints", EXAMPLES / "endpoints.json",
+        "--request", EXAMPLES / "request-predicted-latency.json",
+        "--history", EXAMPLES / "history.json",
+    )  # fmt: skip
+    _, result = run_json(capsys, *args)
+    predicted = result["predictions"]["predicted-latency-producer/predicted-latency-producer"]
+    assert set(predicted) == {"pod-a", "pod-b", "pod-c", "pod-d"}
+    # pod-a holds the prompt's prefix: it computes less of it, so its predicted TTFT is the lowest.
+    assert min(predicted, key=lambda name: predicted[name]["ttft_ms"]) == "pod-a"
+    # No objective in the request: nothing is valid and the TTFT headroom is minus the prediction.
+    assert all(not p["valid"] and p["ttft_headroom_ms"] == -p["ttft_ms"] for p in predicted.values())
+    assert main(["explain", *map(str, args)]) == 0
+    assert "predicted by predicted-latency-producer" in plain(capsys.readouterr().out)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
@@ -21,6 +21,7 @@ from epick.framework import (
     SchedulingResult,
 )
 from epick.framework.trace import ProfileTrace
+from epick.plugins.latency.producer import PredictedLatencyProducer
 from epick.requestcontrol.path import RequestPath
 
 
@@ -28,14 +29,43 @@ from epick.requestcontrol.path import RequestPath
 class Explanation:
     trace: ScheduleTrace
     result: SchedulingResult | None
+    # Per predicted-latency producer (by its typed name), what it predicted for each candidate.
+    predictions: dict[str, dict[str, dict[str, float | bool | int]]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "primary_profile": self.trace.primary_profile,
             "targets": list(self.trace.targets),
             "profiles": {p.name: _profile_json(p) for p in self.trace.profiles},
             "error": self.trace.error,
         }
+        if self.predictions:
+            out["predictions"] = self.predictions
+        return out
+
+
+def _predictions(
+    config: LoadedConfig, cycle_state: CycleState
+) -> dict[str, dict[str, dict[str, float | bool | int]]]:
+    found: dict[str, dict[str, dict[str, float | bool | int]]] = {}
+    for plugin in config.plugins.values():
+        if not isinstance(plugin, PredictedLatencyProducer):
+            continue
+        predictions = plugin.predictions(cycle_state)
+        if predictions is None:
+            continue
+        found[str(plugin.typed_name)] = {
+            name: {
+                "ttft_ms": round(p.ttft, 3),
+                "tpot_ms": round(p.tpot, 3),
+                "ttft_headroom_ms": round(p.ttft_headroom, 3),
+                "tpot_headroom_ms": round(p.tpot_headroom, 3),
+                "valid": p.valid,
+                "dispatched": p.dispatched,
+            }
+            for name, p in predictions.items()
+        }
+    return found
 
 
 def _profile_json(p: ProfileTrace) -> dict[str, Any]:
@@ -87,11 +117,26 @@ def explain(config: LoadedConfig, request: InferenceRequest, endpoints: list[End
         )
     except SchedulingError:
         result = None  # the trace holds the error
-    return Explanation(trace, result)
+    return Explanation(trace, result, _predictions(config, cycle_state))
 
 
 def render(explanation: Explanation, console: Console) -> None:
     trace = explanation.trace
+    for plugin, by_endpoint in explanation.predictions.items():
+        table = Table(title=f"predicted by {_short(plugin)} (ms)", show_edge=False)
+        for column in ("endpoint", "TTFT", "TPOT", "TTFT headroom", "TPOT headroom", "valid", "running"):
+            table.add_column(column, justify="left" if column == "endpoint" else "right")
+        for name, pred in by_endpoint.items():
+            table.add_row(
+                name,
+                f"{pred['ttft_ms']:.1f}",
+                f"{pred['tpot_ms']:.2f}",
+                f"{pred['ttft_headroom_ms']:.1f}",
+                f"{pred['tpot_headroom_ms']:.2f}",
+                "yes" if pred["valid"] else "no",
+                str(pred["dispatched"]),
+            )
+        console.print(table)
     for p in trace.profiles:
         console.rule(f"profile [bold]{p.name}[/bold]")
         console.print(f"candidates: {', '.join(p.candidates)}")
