@@ -26,14 +26,13 @@ from collections.abc import Mapping
 
 from epick.framework import NamedPlugin, Reads
 from epick.framework.flowcontrol import QueueItem
+from epick.plugins.latency.slo import OLD_TTFT_HEADER, TTFT_HEADER, header_value
 from epick.plugins.registry import Handle, NoParameters, PluginSpec
 
 FCFS_TYPE = "fcfs-ordering-policy"
 EDF_TYPE = "edf-ordering-policy"
 SLO_DEADLINE_TYPE = "slo-deadline-ordering-policy"
 
-SLO_TTFT_HEADER = "x-llm-d-slo-ttft-ms"
-OLD_SLO_TTFT_HEADER = "x-slo-ttft-ms"  # deprecated upstream, still read
 
 NO_DEADLINE = math.inf
 # The largest millisecond count Go can turn into a time.Duration (int64 nanoseconds) without overflow.
@@ -72,11 +71,8 @@ class EDFOrderingPolicy(NamedPlugin):
 def slo_ttft_ms(headers: Mapping[str, str]) -> int | None:
     """The request's TTFT objective in milliseconds (headers by lower-case name), or None when it
     gives no valid one."""
-    for name in (SLO_TTFT_HEADER, OLD_SLO_TTFT_HEADER):
-        value = headers.get(name)
-        if value is not None:  # the first name present wins, even when its value is unusable
-            break
-    else:
+    value = header_value(headers, TTFT_HEADER, OLD_TTFT_HEADER)  # present wins, even if unusable
+    if value is None:
         return None
     text = value.strip(_GO_SPACE)
     if not _INT.fullmatch(text):

@@ -19,10 +19,14 @@ OLD_TTFT_HEADER = "x-slo-ttft-ms"
 OLD_TPOT_HEADER = "x-slo-tpot-ms"
 
 
-def _header_ms(headers: Mapping[str, str], name: str, old: str) -> float:
+def header_value(headers: Mapping[str, str], name: str, old: str) -> str | None:
+    """The value of header `name`, else of its deprecated `old` name; None when neither is sent."""
     value = headers.get(name)
-    if value is None:
-        value = headers.get(old)
+    return value if value is not None else headers.get(old)
+
+
+def _header_ms(headers: Mapping[str, str], name: str, old: str) -> float:
+    value = header_value(headers, name, old)
     if value is None:
         return 0.0
     try:
