@@ -61,27 +61,48 @@ class Features:
     pod_type: str = ""
 
     def row(self) -> list[float]:
-        prefix = _unit(self.prefix_score)
-        return [
-            _unit(self.kv_cache),
-            float(max(self.input_tokens, 0)),
-            float(max(self.waiting, 0)),
-            float(max(self.running, 0)),
-            prefix,
-            float(max(self.prefill_tokens, 0)),
-            float(max(self.decode_tokens, 0)),
-            (1.0 - prefix) * max(self.input_tokens, 0),
-            float(POD_TYPES.get(self.pod_type, 0)),
-        ]
+        return [float(v) for v in matrix([self])[0]]
 
 
-def _unit(x: float) -> float:
-    """`x` within [0, 1]; 0 for what is not a number (a garbage scrape)."""
-    return min(max(x, 0.0), 1.0) if math.isfinite(x) else 0.0
+def feature_matrix(
+    *,
+    kv_cache: Sequence[float],
+    input_tokens: Sequence[int],
+    waiting: Sequence[int],
+    running: Sequence[int],
+    prefix_score: Sequence[float],
+    prefill_tokens: Sequence[int],
+    decode_tokens: Sequence[int] | None = None,
+    pod_types: Sequence[str] | None = None,
+) -> Matrix:
+    """One row of `FEATURES` per candidate, from one sequence per column. What a garbage scrape gives
+    (NaN, negative) counts as 0; shares stay within [0, 1]; the uncached tokens are derived."""
+    x = np.zeros((len(kv_cache), len(FEATURES)))
+    x[:, KV] = np.clip(np.nan_to_num(kv_cache, nan=0.0, posinf=1.0, neginf=0.0), 0.0, 1.0)
+    x[:, INPUT] = np.maximum(input_tokens, 0)
+    x[:, WAITING] = np.maximum(waiting, 0)
+    x[:, RUNNING] = np.maximum(running, 0)
+    x[:, PREFIX] = np.clip(np.nan_to_num(prefix_score, nan=0.0), 0.0, 1.0)
+    x[:, PREFILL] = np.maximum(prefill_tokens, 0)
+    if decode_tokens is not None:
+        x[:, DECODE] = np.maximum(decode_tokens, 0)
+    x[:, UNCACHED] = (1.0 - x[:, PREFIX]) * x[:, INPUT]
+    if pod_types is not None:
+        x[:, POD_TYPE] = [POD_TYPES.get(t, 0) for t in pod_types]
+    return x
 
 
 def matrix(rows: Sequence[Features]) -> Matrix:
-    return np.array([f.row() for f in rows], dtype=np.float64).reshape(len(rows), len(FEATURES))
+    return feature_matrix(
+        kv_cache=[f.kv_cache for f in rows],
+        input_tokens=[f.input_tokens for f in rows],
+        waiting=[f.waiting for f in rows],
+        running=[f.running for f in rows],
+        prefix_score=[f.prefix_score for f in rows],
+        prefill_tokens=[f.prefill_tokens for f in rows],
+        decode_tokens=[f.decode_tokens for f in rows],
+        pod_types=[f.pod_type for f in rows],
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,21 +59,7 @@ from epick.framework import (
 from epick.framework.datalayer import data_key
 from epick.plugins.duration import parse_duration
 from epick.plugins.latency.learners import learner_for
-from epick.plugins.latency.predictor import (
-    FEATURES,
-    INPUT,
-    KV,
-    POD_TYPE,
-    POD_TYPES,
-    PREFILL,
-    PREFIX,
-    RUNNING,
-    UNCACHED,
-    WAITING,
-    AnalyticModel,
-    Matrix,
-    OnlinePredictor,
-)
+from epick.plugins.latency.predictor import AnalyticModel, Matrix, OnlinePredictor, feature_matrix
 from epick.plugins.latency.slo import Objectives, objectives
 from epick.plugins.load.inflight import InFlightLoadProducer, prompt_tokens, resolve_inflight
 from epick.plugins.prefix.scorer import MATCH_DATA_TYPE, PrefixMatch, resolve_producer
@@ -350,12 +336,8 @@ class PredictedLatencyProducer(NamedPlugin):
         n = len(endpoints)
         prompt = prompt_tokens(request)
         match = cycle_state.read(self.match_key, PrefixMatch) if self.match_key else None
-        x = np.zeros((n, len(FEATURES)))
-        x[:, INPUT] = prompt
         names = [ep.name for ep in endpoints]
         metrics = [ep.metrics for ep in endpoints]
-        kv = [m.kv_cache_usage_percent for m in metrics]
-        waiting = [m.waiting_queue_size for m in metrics]
         if self.inflight is not None:
             running, tokens = self.inflight.loads(names)
         else:
@@ -365,17 +347,16 @@ class PredictedLatencyProducer(NamedPlugin):
             prefix = [held.get(name, 0) / total for name in names]
         else:
             prefix = [0.0] * n
-        # A garbage scrape (NaN, negative) counts as 0; shares stay within [0, 1].
-        x[:, KV] = np.clip(np.nan_to_num(kv, nan=0.0, posinf=1.0, neginf=0.0), 0.0, 1.0)
-        x[:, WAITING] = np.maximum(waiting, 0)
-        x[:, RUNNING] = np.maximum(running, 0)
-        x[:, PREFIX] = np.clip(prefix, 0.0, 1.0)
-        x[:, PREFILL] = np.maximum(tokens, 0)
-        x[:, UNCACHED] = (1.0 - x[:, PREFIX]) * prompt
         role_label = self.params.endpoint_role_label
-        if role_label:
-            x[:, POD_TYPE] = [POD_TYPES.get(ep.labels.get(role_label, ""), 0) for ep in endpoints]
-        return x
+        return feature_matrix(
+            kv_cache=[m.kv_cache_usage_percent for m in metrics],
+            input_tokens=[prompt] * n,
+            waiting=[m.waiting_queue_size for m in metrics],
+            running=running,
+            prefix_score=prefix,
+            prefill_tokens=tokens,
+            pod_types=[ep.labels.get(role_label, "") for ep in endpoints] if role_label else None,
+        )
 
     # DataProducer.
     def produce(
