@@ -280,9 +280,7 @@ class EpickPolicy:
         req, endpoint = entry
         if response is None:
             response = Response(req.request_id, streaming=True)
-            if tokens is None:  # failed before its first token: no response ever came
-                response.status, response.error = 500, "the simulated request failed"
-            else:
+            if tokens is not None:  # one that failed before its first token got no response at all
                 self._received(request, req, response, endpoint)
         if tokens is None:
             response.status, response.error = 500, "the simulated request failed"
