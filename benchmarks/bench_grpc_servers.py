@@ -68,11 +68,15 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from rich.console import Console
 from rich.table import Table
 
+from epick.extproc.grpc_server import Call, GrpcServer
+
 CHUNK_BYTES = 62_000  # epick's (and the Go EPP's) largest streamed chunk
-STACKS = ["grpc.aio", "grpc.aio+uvloop", "grpclib+uvloop", "grpc-sync", "epick"]
+STACKS = ["grpc.aio", "grpc.aio+uvloop", "grpclib+uvloop", "grpc-sync", "epick-grpc+uvloop", "epick"]
 SHOWN = {"grpc.aio": "grpc.aio, asyncio", "grpc.aio+uvloop": "grpc.aio on uvloop (epick's setting)",
          "grpclib+uvloop": "grpclib (pure Python, h2) on uvloop",
-         "grpc-sync": "grpcio sync server, 128 threads", "epick": "epick's ext_proc (reference)"}  # fmt: skip
+         "grpc-sync": "grpcio sync server, 128 threads",
+         "epick-grpc+uvloop": "epick's gRPC server (asyncio protocol) on uvloop",
+         "epick": "epick's ext_proc (reference)"}  # fmt: skip
 BASELINE = "grpc.aio+uvloop"
 METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 
@@ -184,6 +188,30 @@ class GrpclibServicer:
         }
 
 
+class EpickCall:
+    """epick's gRPC server's side: a handler told each message as it comes."""
+
+    def __init__(self, backends: itertools.cycle[str], call: Call) -> None:
+        self.exchange = Exchange(backends)
+        self.call = call
+
+    def received(self, message: bytes) -> None:
+        for answer in self.exchange.handle(pb.ProcessingRequest.FromString(message)):
+            self.call.send(answer.SerializeToString())
+
+    def ended(self) -> None:
+        self.call.finish()
+
+    def cancelled(self) -> None:
+        pass
+
+
+async def serve_epick_grpc(backends: itertools.cycle[str], port: int) -> None:
+    server = GrpcServer({METHOD: lambda call: EpickCall(backends, call)})
+    await server.listen("127.0.0.1", port)
+    await asyncio.Event().wait()
+
+
 async def serve_aio(backends: itertools.cycle[str], port: int) -> None:
     server = grpc.aio.server()
     pb_grpc.add_ExternalProcessorServicer_to_server(AioServicer(backends), server)
@@ -209,6 +237,8 @@ def serve(stack: str, port: int, backends: list[str]) -> None:
         uvloop.run(serve_aio(cycle, port))
     elif stack == "grpclib+uvloop":
         uvloop.run(serve_grpclib(cycle, port))
+    elif stack == "epick-grpc+uvloop":
+        uvloop.run(serve_epick_grpc(cycle, port))
     else:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=128))
         pb_grpc.add_ExternalProcessorServicer_to_server(SyncServicer(cycle), server)

@@ -1,4 +1,5 @@
-"""`envoy.service.ext_proc.v3.ExternalProcessor` on grpc.aio: the gateway's side of the EPP protocol.
+"""`envoy.service.ext_proc.v3.ExternalProcessor`: the gateway's side of the EPP protocol, on epick's gRPC
+server (grpc_server.py), with the gRPC health service on the ext_proc port and on a port of its own.
 
 Each gRPC stream is one request and its response, handled by an `Exchange` (exchange.py, which says
 what each body mode needs). The routing answer sets header `x-gateway-destination-endpoint` to the
@@ -13,16 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from google.protobuf.message import DecodeError
 
 from epick.extproc.exchange import Exchange
+from epick.extproc.grpc_server import Call, GrpcServer, Limits, Status
+from epick.extproc.health import SERVING, HealthService
 from epick.extproc.messages import immediate
 from epick.requestcontrol.admission import evicted_error
 from epick.requestcontrol.director import Director
@@ -31,70 +31,101 @@ if TYPE_CHECKING:
     from epick.extproc.tls import CertificateStore  # imported on start: cryptography only when serving
 
 log = logging.getLogger(__name__)
-# gRPC binds with SO_REUSEPORT by default: a second epick on the same port would start without error
-# and take half of Envoy's streams into a prefix index of its own. Off, the second bind fails.
-_EXCLUSIVE_PORT = [("grpc.so_reuseport", 0)]
-_SHARED_PORT = [("grpc.so_reuseport", 1)]
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
+PROCESS = f"/{SERVICE_NAME}/Process"
 
 
-class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    def __init__(self, director: Director) -> None:
-        self.director = director
+class ProcessCall:
+    """One ext_proc stream: each of Envoy's messages is handled as it comes and answered at once; a
+    routing that waits (flow control, a tokenizer) holds the stream's later messages until it is done."""
 
-    async def Process(  # noqa: N802 (the gRPC method name)
-        self, requests: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ProcessingResponse]:
-        exchange = Exchange(self.director)
-        messages = aiter(requests)
-        evicted: asyncio.Event | None = None
+    __slots__ = ("_held", "_watching", "admission", "call", "ended_by_envoy", "exchange")
+
+    def __init__(self, director: Director, call: Call) -> None:
+        self.call = call
+        self.exchange = Exchange(director)
+        self._held: list[bytes] | None = None  # not None while an admission is pending
+        self._watching = False  # registered for flow control's eviction
+        self.admission: asyncio.Task[None] | None = None
+        self.ended_by_envoy = False
+
+    def received(self, message: bytes) -> None:
+        if self._held is not None:
+            self._held.append(message)
+            return
         try:
-            while True:
-                decision = exchange.decision
-                if evicted is None and decision is not None and decision.eviction is not None:
-                    evicted = asyncio.Event()
-                    decision.eviction.on_evict(evicted.set)
-                try:
-                    if evicted is None:
-                        message = await anext(messages)
-                    else:
-                        message = await _next_unless(messages, evicted)
-                except StopAsyncIteration:
-                    return
-                if message is None:  # evicted by flow control: Envoy resets the upstream request
-                    if not exchange.completed:
-                        assert exchange.decision is not None
-                        log.info("request %s evicted by flow control", exchange.decision.request.request_id)
-                        yield immediate(evicted_error())
-                    return
-                for answer in exchange.handle(message):
-                    yield answer
-                if exchange.pending is not None:  # waiting in flow control or on a tokenizer
-                    for answer in await exchange.admit():
-                        yield answer
-                if exchange.closed:
-                    return
-        finally:
-            exchange.abandon()
+            request = pb.ProcessingRequest.FromString(message)
+        except DecodeError:
+            self._end(Status.INVALID_ARGUMENT, "not an envoy.service.ext_proc.v3.ProcessingRequest")
+            return
+        exchange = self.exchange
+        self._send(exchange.handle(request))
+        if exchange.pending is not None:  # waiting in flow control or on a tokenizer
+            self._held = []
+            self.admission = asyncio.get_running_loop().create_task(self._admit())
+            return
+        self._watch_eviction()
+        if exchange.closed:
+            self._end()
 
+    def _send(self, answers: list[pb.ProcessingResponse]) -> None:
+        send = self.call.send
+        for answer in answers:
+            send(answer.SerializeToString())
 
-async def _next_unless(
-    messages: AsyncIterator[pb.ProcessingRequest], event: asyncio.Event
-) -> pb.ProcessingRequest | None:
-    """The stream's next message, or None once `event` is set first."""
-    if event.is_set():
-        return None
-    receive = asyncio.ensure_future(anext(messages))
-    waiter = asyncio.ensure_future(event.wait())
-    try:
-        await asyncio.wait({receive, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
-        if not receive.done():
-            receive.cancel()
-    if receive.done() and not receive.cancelled():
-        return receive.result()  # raises StopAsyncIteration at the stream's end
-    return None
+    async def _admit(self) -> None:
+        try:
+            answers = await self.exchange.admit()
+        except asyncio.CancelledError:
+            return  # Envoy closed the stream; `cancelled` abandons the exchange
+        except Exception:
+            log.exception("ext_proc admission failed")
+            self._end(Status.INTERNAL, "epick failed to route the request")
+            return
+        self._send(answers)
+        held, self._held = self._held or [], None
+        self.admission = None
+        self._watch_eviction()
+        if self.exchange.closed:
+            self._end()
+            return
+        for message in held:
+            if self.call.done:
+                return
+            self.received(message)
+        if self.ended_by_envoy and not self.call.done:
+            self._end()
+
+    def _watch_eviction(self) -> None:
+        decision = self.exchange.decision
+        if not self._watching and decision is not None and decision.eviction is not None:
+            self._watching = True
+            decision.eviction.on_evict(self._evicted)
+
+    def _evicted(self) -> None:
+        """Flow control evicted the request: Envoy resets the upstream request on the immediate answer."""
+        if self.call.done:
+            return
+        if not self.exchange.completed:
+            assert self.exchange.decision is not None
+            log.info("request %s evicted by flow control", self.exchange.decision.request.request_id)
+            self.call.send(immediate(evicted_error()).SerializeToString())
+        self._end()
+
+    def _end(self, status: Status = Status.OK, details: str = "") -> None:
+        self.call.finish(status, details)
+        self.exchange.abandon()
+
+    def ended(self) -> None:
+        if self._held is not None:
+            self.ended_by_envoy = True  # answered once the admission is done
+        else:
+            self._end()
+
+    def cancelled(self) -> None:
+        if self.admission is not None:
+            self.admission.cancel()
+        self.exchange.abandon()
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,13 +162,13 @@ class ExtProcServer:
         self.options = options
         self.port = options.port
         self.health_port = options.health_port
-        self._server: grpc.aio.Server | None = None
-        self._health_server: grpc.aio.Server | None = None
-        self.health = health.aio.HealthServicer()
+        self.health = HealthService()
         self.certificates: CertificateStore | None = None  # with TLS: what both ports serve
+        self._server: GrpcServer | None = None
+        self._health_server: GrpcServer | None = None
 
     async def start(self) -> None:
-        from epick.extproc.tls import CertificateStore
+        from epick.extproc.tls import CertificateStore, ServerContexts
 
         options = self.options
         store = (
@@ -146,29 +177,23 @@ class ExtProcServer:
             else None
         )
         self.certificates = store
-
-        def listen(server: grpc.aio.Server, port: int, plaintext: bool = False) -> int:
-            address = f"{options.host}:{port}"
-            try:
-                if store is None or plaintext:
-                    return int(server.add_insecure_port(address))
-                return int(server.add_secure_port(address, store.credentials()))  # one credentials per port
-            except RuntimeError as e:  # grpc's way of saying the bind failed
-                raise OSError(f"cannot listen on {address} for gRPC: the port is in use ({e})") from None
-
-        binding = _SHARED_PORT if options.shared_ports else _EXCLUSIVE_PORT
-        self._server = grpc.aio.server(maximum_concurrent_rpcs=options.max_streams, options=binding)
-        pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(self.director), self._server)
+        tls = ServerContexts(store).context() if store is not None else None
+        director = self.director
+        methods = {PROCESS: lambda call: ProcessCall(director, call), **self.health.methods()}
         # Health on the ext_proc port too: a gateway health-checks the cluster it sends ext_proc to.
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        self.port = listen(self._server, options.port)
-        await self._server.start()
-        self._health_server = grpc.aio.server(options=binding)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
-        self.health_port = listen(self._health_server, options.health_port, options.health_plaintext)
-        await self._health_server.start()
+        self._server = GrpcServer(methods, Limits(max_streams=options.max_streams))
+        self.port = await self._server.listen(
+            options.host, options.port, tls=tls, reuse_port=options.shared_ports
+        )
+        self._health_server = GrpcServer(self.health.methods())
+        self.health_port = await self._health_server.listen(
+            options.host,
+            options.health_port,
+            tls=None if options.health_plaintext else tls,
+            reuse_port=options.shared_ports,
+        )
         for service in ("", SERVICE_NAME):
-            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+            self.health.set(service, SERVING)
 
     async def stop(self) -> None:
         for server in (self._server, self._health_server):

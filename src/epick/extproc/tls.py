@@ -5,14 +5,13 @@ The certificate comes from a directory with `tls.crt` (the chain, leaf first) an
 of a Kubernetes TLS secret, or is self-signed at start-up as the Go EPP does when no `--cert-path` is
 given. A client CA bundle, when given, makes every client present a certificate it signed.
 
-Reloading uses gRPC's dynamic server credentials: gRPC calls a fetcher before the TLS handshake of every
-new connection, and the fetcher hands over a new certificate configuration when the files changed (their
-inode, size, mtime or ctime, then their content). Established connections, and the streams on them, keep
-the certificate they were made with. Files that cannot be read, do not parse, or whose key does not match
-the certificate are logged (naming the file) and the last good set keeps serving. Each port gets its own
-credentials object and fetcher: gRPC keeps the fetched state per listening port, and one dynamic
-credentials object shared by two ports fails to bind the second one. The fetcher runs on a gRPC core
-thread, not the event loop, so `CertificateStore` is thread-safe.
+Reloading: at each new connection's handshake (its ClientHello, through the SNI callback, called with or
+without a server name) `ServerContexts` asks the store whether the files changed (their inode, size,
+mtime or ctime, then their content), and hands the handshake a context made from the new set. Established
+connections, and the streams on them, keep the certificate they were made with. Files that cannot be
+read, do not parse, or whose key does not match the certificate are logged (naming the file) and the last
+good set keeps serving. `CertificateStore` is thread-safe: it also serves gRPC's dynamic credentials
+(`credentials`), whose fetcher runs on a gRPC core thread.
 """
 
 from __future__ import annotations
@@ -21,6 +20,9 @@ import datetime
 import hashlib
 import ipaddress
 import logging
+import os
+import ssl
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -276,3 +278,47 @@ class _Fetcher:
             return None
         self._generation = generation
         return configuration
+
+
+class ServerContexts:
+    """asyncio's TLS for a `CertificateStore`: an `ssl.SSLContext` per loaded set (HTTP/2's ALPN `h2`,
+    TLS 1.2 or later with the ciphers RFC 9113 allows; client certificates required with a client CA),
+    each new handshake switched to the newest set when the store reloads."""
+
+    def __init__(self, store: CertificateStore) -> None:
+        self.store = store
+        self._generation, material = store.current()
+        self._context = self._build(material)
+
+    def context(self) -> ssl.SSLContext:
+        return self._context
+
+    def _build(self, material: Material) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.set_ciphers("ECDHE+AESGCM:ECDHE+CHACHA20")  # TLS 1.2's; TLS 1.3's are all allowed
+        context.set_alpn_protocols(["h2"])
+        with tempfile.TemporaryDirectory(prefix="epick-tls-") as d:  # load_cert_chain reads only files
+            chain, key = Path(d) / CERT_FILE, Path(d) / KEY_FILE
+            chain.write_bytes(material.chain)
+            key.touch(mode=0o600)
+            os.chmod(key, 0o600)
+            key.write_bytes(material.key)
+            context.load_cert_chain(chain, key)
+        if material.client_ca is not None:
+            context.load_verify_locations(cadata=material.client_ca.decode("ascii", "replace"))
+            context.verify_mode = ssl.CERT_REQUIRED
+        if self.store.reload:
+            context.sni_callback = self._handshake
+        return context
+
+    def _handshake(self, connection: ssl.SSLObject, server_name: str | None, context: ssl.SSLContext) -> None:
+        try:
+            generation, material = self.store.current()
+            if generation != self._generation:
+                self._context = self._build(material)
+                self._generation = generation
+            if context is not self._context:
+                connection.context = self._context
+        except Exception:  # never into the handshake: the previous certificate serves this connection
+            log.exception("ext_proc TLS reload failed; the previous certificate keeps serving")
