@@ -8,12 +8,14 @@ import random
 import textwrap
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from epick.config import ConfigError, LoadedConfig, load_config_text
 from epick.framework import CycleState, ProfileRunResult, Response, SchedulingResult
 from epick.plugins.filters.prefix_affinity import PrefixAffinityParameters, PrefixCacheAffinityFilter
 from epick.plugins.load.concurrency import ConcurrencyDetector, ConcurrencyParameters
-from epick.plugins.load.inflight import InFlightLoadProducer, InFlightParameters, prompt_tokens
+from epick.plugins.load.inflight import InFlightLoad, InFlightLoadProducer, InFlightParameters, prompt_tokens
 from epick.plugins.prefix.producer import match_key
 from epick.plugins.prefix.scorer import PrefixMatch
 from tests.builders import make_endpoint, make_request
@@ -260,3 +262,176 @@ def test_a_request_never_reported_complete_is_released_after_ten_minutes() -> No
     now[0] = 601.0
     p.pre_request(make_request("x", request_id="newer"), decided(("decode", "B")), CycleState())
     assert (p.load("A").requests, p.load("B").requests) == (0, 2)
+
+
+# --- under `epick serve --workers`: every worker reads the sum of every worker's counts -------------
+
+
+class Hub:
+    """In-memory `--workers`, as `epick.cli.workers` wires it: each worker writes to the hub, the hub
+    forwards each update to every other worker, and each worker reads its own link, all in order;
+    the test says when each step happens (so updates can cross snapshots and each other)."""
+
+    def __init__(self, workers: int) -> None:
+        self.producers = [InFlightLoadProducer() for _ in range(workers)]
+        self.to_hub: list[list[tuple[str, object, int]]] = [[] for _ in range(workers)]
+        self.to_worker: list[list[tuple[str, object, int]]] = [[] for _ in range(workers)]
+        self.ready = set(range(workers))  # those not waiting for a snapshot
+        for i, p in enumerate(self.producers):
+            self.join(i, p)
+
+    def join(self, index: int, producer: InFlightLoadProducer) -> None:
+        self.producers[index] = producer
+        producer.replicate(lambda update: self.to_hub[index].append(("u", update, index)), index)
+
+    def hub_reads(self, origin: int) -> bool:
+        if not self.to_hub[origin]:
+            return False
+        kind, payload, target = self.to_hub[origin].pop(0)
+        if kind == "u":
+            for dest in range(len(self.producers)):
+                if dest != origin:
+                    self.to_worker[dest].append((kind, payload, origin))
+        else:  # a snapshot, for the worker that asked
+            self.to_worker[target].append((kind, payload, origin))
+        return True
+
+    def worker_reads(self, dest: int) -> bool:
+        if not self.to_worker[dest]:
+            return False
+        kind, payload, origin = self.to_worker[dest].pop(0)
+        p = self.producers[dest]
+        if kind == "u":
+            p.apply_update(payload, origin)
+        elif kind == "snapshot?":
+            self.to_hub[dest].append(("snapshot", p.snapshot(), int(payload)))  # type: ignore[call-overload]
+        elif kind == "snapshot":
+            p.restore(payload)
+            self.ready.add(dest)
+        elif kind == "left":
+            p.worker_left(int(payload))  # type: ignore[call-overload]
+        return True
+
+    def restart(self, dead: int, peer: int) -> InFlightLoadProducer:
+        """The worker exits: the hub forwards what it had sent, tells the others it left; its
+        successor joins and asks `peer` for a snapshot."""
+        while self.hub_reads(dead):
+            pass
+        for other in range(len(self.producers)):
+            if other != dead:
+                self.to_worker[other].append(("left", dead, -1))
+        self.to_worker[dead] = []
+        self.ready.discard(dead)
+        fresh = InFlightLoadProducer()
+        self.join(dead, fresh)
+        self.to_worker[peer].append(("snapshot?", dead, -1))
+        return fresh
+
+    def drain(self) -> None:
+        while any([self.hub_reads(w) or self.worker_reads(w) for w in range(len(self.producers))]):
+            pass
+
+
+def send(p: InFlightLoadProducer, request_id: str, endpoint: str, chars: int = 400) -> object:
+    request = make_request("x" * chars, request_id=request_id)
+    p.pre_request(request, decided(("decode", endpoint)), CycleState())
+    return request
+
+
+def test_workers_read_the_sum_of_every_workers_requests() -> None:
+    hub = Hub(3)
+    a, b, c = hub.producers
+    r1 = send(a, "r1", "E1")  # 100 tokens
+    send(b, "r2", "E1")
+    send(b, "r3", "E2")
+    assert a.load("E1") == InFlightLoad(1, 100)  # not delivered yet: its own only
+    hub.drain()
+    for p in hub.producers:
+        assert p.load("E1") == InFlightLoad(2, 200) and p.load("E2") == InFlightLoad(1, 100)
+        assert p.loads(["E1", "E2", "E3"]) == ([2, 1, 0], [200, 100, 0])
+    a.response_complete(r1, Response("r1"), make_endpoint("E1"))  # type: ignore[arg-type]
+    hub.drain()
+    assert [p.load("E1") for p in hub.producers] == [InFlightLoad(1, 100)] * 3
+    # b exits: its requests went with its connections.
+    a.worker_left(1)
+    c.worker_left(1)
+    assert a.load("E1") == c.load("E1") == InFlightLoad() and c.load("E2") == InFlightLoad()
+
+
+def test_a_restarted_worker_loads_the_counts_and_an_update_crossing_the_snapshot_counts_once() -> None:
+    hub = Hub(3)
+    a, b, _ = hub.producers
+    send(a, "r1", "E1")
+    send(b, "r2", "E1")
+    send(hub.producers[2], "old", "E1")  # worker 2's first life
+    hub.drain()
+    fresh = hub.restart(2, peer=0)
+    send(b, "r3", "E1")  # crosses the snapshot: worker 0 counted it before it answers, or not
+    hub.hub_reads(1)
+    hub.worker_reads(2)  # the new worker hears b's newer count (2 requests) first
+    hub.worker_reads(0)  # "left"
+    hub.worker_reads(0)  # b's update: worker 0 now counts b's 2 requests too
+    hub.worker_reads(0)  # "snapshot?"
+    hub.drain()
+    assert fresh.load("E1") == InFlightLoad(3, 300)
+    assert a.load("E1") == b.load("E1") == InFlightLoad(3, 300)
+
+
+def test_alone_the_counts_are_this_processes_own_and_nothing_is_published() -> None:
+    p = InFlightLoadProducer()
+    send(p, "r1", "E1")
+    p.apply_update(["E1", 5, 500], 1)  # not replicated: ignored
+    assert p.load("E1") == InFlightLoad(1, 100)
+    p.replicate(lambda update: None, 0)
+    p.apply_update(["E1", 5, 500], 1)
+    assert p.load("E1") == InFlightLoad(6, 600)
+    p.replicate(None, 0)  # back to one process: its own counts
+    assert p.load("E1") == InFlightLoad(1, 100)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(st.data())
+def test_every_worker_converges_on_the_sum_whatever_the_order(data: st.DataObject) -> None:
+    workers = 3
+    hub = Hub(workers)
+    open_requests: list[tuple[int, object, str]] = []
+    for step in range(data.draw(st.integers(10, 80), label="steps")):
+        action = data.draw(st.sampled_from(["send", "end", "hub", "hub", "read", "read", "restart"]))
+        if action == "send":
+            w = data.draw(st.integers(0, workers - 1))
+            endpoint = data.draw(st.sampled_from(["E1", "E2", "E3"]))
+            request = send(hub.producers[w], f"r{step}", endpoint, data.draw(st.integers(0, 900)))
+            open_requests.append((w, request, endpoint))
+        elif action == "end" and open_requests:
+            w, request, endpoint = open_requests.pop(data.draw(st.integers(0, len(open_requests) - 1)))
+            hub.producers[w].response_complete(request, Response("x"), make_endpoint(endpoint))  # type: ignore[arg-type]
+        elif action == "hub":
+            hub.hub_reads(data.draw(st.integers(0, workers - 1)))
+        elif action == "read":
+            hub.worker_reads(data.draw(st.integers(0, workers - 1)))
+        elif action == "restart" and len(hub.ready) == workers:  # one restart at a time
+            dead = data.draw(st.integers(0, workers - 1))
+            open_requests = [(w, r, e) for w, r, e in open_requests if w != dead]
+            hub.restart(dead, peer=(dead + 1) % workers)
+    hub.drain()
+    expected: dict[str, list[int]] = {}
+    for p in hub.producers:
+        for endpoint, counts in p._counts.items():
+            total = expected.setdefault(endpoint, [0, 0])
+            total[0] += counts.requests
+            total[1] += counts.tokens
+    for p in hub.producers:
+        for endpoint, (requests, tokens) in expected.items():
+            assert p.load(endpoint) == InFlightLoad(requests, tokens)
+
+
+def test_a_snapshot_arriving_after_a_worker_left_does_not_bring_its_requests_back() -> None:
+    hub = Hub(3)
+    send(hub.producers[1], "r1", "E1")
+    hub.drain()
+    snapshot = hub.producers[0].snapshot()  # holds worker 1's request
+    fresh = InFlightLoadProducer()
+    fresh.replicate(lambda update: None, 2)
+    fresh.worker_left(1)  # the news of worker 1's exit overtook the snapshot
+    fresh.restore(snapshot)
+    assert fresh.load("E1") == InFlightLoad()

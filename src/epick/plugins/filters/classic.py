@@ -35,6 +35,7 @@ class LowQueueParameters(Parameters):
 class LowQueueFilter(NamedPlugin):
     plugin_type = "low-queue-filter"
     reads = Reads.METRICS
+    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(self, name: str | None = None, threshold: int = 128) -> None:
         super().__init__(name)
@@ -49,6 +50,7 @@ class LowQueueFilter(NamedPlugin):
 class LeastQueueFilter(NamedPlugin):
     plugin_type = "least-queue-filter"
     reads = Reads.METRICS
+    worker_state = ""  # nothing of its own to share between workers
 
     def filter(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
@@ -60,6 +62,7 @@ class LeastQueueFilter(NamedPlugin):
 class LeastKVCacheFilter(NamedPlugin):
     plugin_type = "least-kv-cache-filter"
     reads = Reads.METRICS
+    worker_state = ""  # nothing of its own to share between workers
 
     def filter(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
@@ -86,6 +89,7 @@ class LoraAffinityParameters(Parameters):
 class LoraAffinityFilter(NamedPlugin):
     plugin_type = "lora-affinity-filter"
     reads = Reads.METRICS | Reads.MODEL | Reads.HISTORY  # a random draw
+    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self, name: str | None = None, threshold: float = 0.999, rng: random.Random | None = None
@@ -134,6 +138,7 @@ DecisionTreeEntry.model_rebuild()
 class DecisionTreeFilter(NamedPlugin):
     plugin_type = "decision-tree-filter"
     reads = Reads.NOTHING  # its branches are plugins of their own
+    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,

@@ -75,6 +75,7 @@ class PrefixAffinityParameters(Parameters):
 class PrefixCacheAffinityFilter(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HISTORY  # the prefix match and the in-flight counts
+    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,

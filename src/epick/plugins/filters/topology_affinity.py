@@ -86,6 +86,7 @@ class TopologyAffinityFilterParameters(Parameters):
 class TopologyAffinityFilter(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HISTORY  # the peer an earlier stage of this request chose (cycle state)
+    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self, name: str | None = None, min_affinity: Level = Level.HOST, producer_name: str = ""

@@ -32,6 +32,7 @@ class UtilizationParameters(Parameters):
 class UtilizationDetector(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.METRICS | Reads.HISTORY  # metrics and their age
+    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,

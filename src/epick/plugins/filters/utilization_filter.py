@@ -95,6 +95,7 @@ def check(params: UtilizationFilterParameters) -> list[tuple[str, float]]:
 class UtilizationFilter(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.METRICS | Reads.HISTORY  # scraped metrics, and the in-flight counts
+    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,

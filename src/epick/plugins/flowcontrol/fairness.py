@@ -48,6 +48,7 @@ class IncompatiblePriorityTypeError(ValueError):
 class GlobalStrictFairnessPolicy(NamedPlugin):
     plugin_type = GLOBAL_STRICT_TYPE
     reads = Reads.NOTHING
+    worker_state = "flow control's rotation over flows"
 
     def new_state(self) -> None:
         return None
@@ -95,6 +96,7 @@ class RoundRobinCursor:
 class RoundRobinFairnessPolicy(NamedPlugin):
     plugin_type = ROUND_ROBIN_TYPE
     reads = Reads.HISTORY
+    worker_state = "flow control's rotation over flows"
 
     def new_state(self) -> RoundRobinCursor:
         return RoundRobinCursor()

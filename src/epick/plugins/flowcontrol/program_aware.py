@@ -253,6 +253,7 @@ def _remember(table: OrderedDict[int, Any], key: int, value: Any) -> None:
 class ProgramAwareFairness(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HEADERS | Reads.HISTORY
+    worker_state = "flow control's usage per program"
 
     def __init__(
         self,

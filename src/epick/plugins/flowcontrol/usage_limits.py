@@ -53,6 +53,7 @@ class StaticUsageLimitParameters(Parameters):
 class StaticUsageLimitPolicy(NamedPlugin):
     plugin_type = STATIC_TYPE
     reads = Reads.NOTHING
+    worker_state = "flow control's usage per flow"
 
     def __init__(self, name: str | None = None, threshold: float = 1.0) -> None:
         super().__init__(name)
@@ -132,6 +133,7 @@ def value_ceilings(c_min: float, c_max: float, priorities: Sequence[int], ceilin
 class PriorityHoldbackPolicy(NamedPlugin):
     plugin_type = PRIORITY_HOLDBACK_TYPE
     reads = Reads.NOTHING
+    worker_state = "flow control's usage per flow"
 
     def __init__(
         self,
@@ -174,6 +176,7 @@ def go_round(x: float) -> float:
 class SoftReflectiveCeilingPolicy(NamedPlugin):
     plugin_type = SOFT_REFLECTIVE_CEILING_TYPE
     reads = Reads.HISTORY
+    worker_state = "flow control's usage per flow"
 
     def __init__(self, name: str | None = None) -> None:
         super().__init__(name)

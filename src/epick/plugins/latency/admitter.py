@@ -38,6 +38,7 @@ class LatencyAdmitterParameters(Parameters):
 class LatencySLOAdmitter(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HEADERS | Reads.METRICS | Reads.HISTORY
+    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(self, name: str | None = None, *, latency_producer: str = PRODUCER_TYPE) -> None:
         super().__init__(name)

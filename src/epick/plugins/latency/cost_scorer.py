@@ -42,6 +42,7 @@ class CostParameters(Parameters):
 class LatencyCostScorer(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.BODY | Reads.HISTORY
+    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,

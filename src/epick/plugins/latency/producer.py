@@ -291,6 +291,7 @@ class _RunningSet:
 class PredictedLatencyProducer(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.METRICS | Reads.HEADERS | Reads.PROMPT_SIZE | Reads.TOKENS | Reads.HISTORY
+    worker_state = "its latency model and the requests it saw running"
 
     def __init__(
         self,

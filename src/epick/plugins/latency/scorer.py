@@ -108,6 +108,7 @@ def bucket_scores(
 class LatencyScorer(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.METRICS | Reads.HISTORY
+    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,

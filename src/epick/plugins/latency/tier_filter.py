@@ -37,6 +37,7 @@ class TierFilterParameters(Parameters):
 class SLOHeadroomTierFilter(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HISTORY
+    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,

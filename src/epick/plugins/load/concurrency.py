@@ -38,6 +38,7 @@ class ConcurrencyParameters(Parameters):
 class ConcurrencyDetector(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HISTORY  # the in-flight counts
+    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,

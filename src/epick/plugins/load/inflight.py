@@ -16,7 +16,13 @@ As upstream's (llm-d/llm-d-router, pkg/epp/framework/plugins/requestcontrol/data
   ends always report completion). Requests are told apart by epick's own key, not the client's
   x-request-id.
 `concurrency-detector` and `prefix-cache-affinity-filter` read the live counts (`load(name)`).
-`syncCrossReplicaState` is accepted; epick has no cross-replica syncer (as upstream registers none).
+
+Under `epick serve --workers N` the counts are shared (`epick.framework.replication.Replicated`):
+each worker publishes its own count on an endpoint whenever it changes (the value, not the change,
+so an update applied twice or a snapshot crossing updates cannot count a request twice), and reads
+the sum over every worker. A worker that exits takes its counts with it: its requests ended with
+its connections. `syncCrossReplicaState` is accepted; epick has no syncer across EPP replicas (as
+upstream registers none): the sharing is between one EPP's worker processes.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from pydantic import Field
 
@@ -38,6 +45,7 @@ from epick.framework import (
     SchedulingResult,
 )
 from epick.framework.datalayer import data_key
+from epick.framework.replication import Publish
 from epick.framework.request import CHARS_PER_TOKEN
 from epick.plugins.prefix.scorer import PrefixMatch, resolve_producer
 from epick.plugins.registry import Handle, Parameters, PluginSpec, producer_for
@@ -68,6 +76,39 @@ class _Share:
 class _Counts:
     requests: int = 0
     tokens: int = 0
+
+
+class _Workers:
+    """Under `--workers`: the other workers' counts, as each last published them, and the sums
+    (this worker's own included) that consumers read."""
+
+    def __init__(self, own: dict[str, _Counts]) -> None:
+        self.totals = {endpoint: _Counts(c.requests, c.tokens) for endpoint, c in own.items()}
+        self.others: dict[int, dict[str, tuple[int, int]]] = {}
+        self.left: set[int] = set()  # workers that exited since this one joined (see `restore`)
+
+    def add(self, endpoint: str, requests: int, tokens: int) -> None:
+        total = self.totals.get(endpoint)
+        if total is None:
+            total = self.totals[endpoint] = _Counts()
+        total.requests += requests
+        total.tokens += tokens
+
+    def set(self, worker: int, endpoint: str, requests: int, tokens: int) -> None:
+        held = self.others.setdefault(worker, {})  # (0, 0) kept: heard of (see `restore`)
+        was_requests, was_tokens = held.get(endpoint, (0, 0))
+        held[endpoint] = (requests, tokens)
+        self.add(endpoint, requests - was_requests, tokens - was_tokens)
+
+    def drop_worker(self, worker: int) -> None:
+        self.left.add(worker)
+        for endpoint, (requests, tokens) in self.others.pop(worker, {}).items():
+            self.add(endpoint, -requests, -tokens)
+
+    def drop_endpoint(self, endpoint: str) -> None:
+        self.totals.pop(endpoint, None)
+        for held in self.others.values():
+            held.pop(endpoint, None)
 
 
 @dataclass(slots=True)
@@ -112,19 +153,23 @@ class InFlightLoadProducer(NamedPlugin):
             data_key("PrefixCacheMatchInfoDataKey", prefix_producer) if prefix_producer else None
         )
         self.key = data_key(UNCACHED_DATA_TYPE, self.name)
-        self._counts: dict[str, _Counts] = {}
+        self._counts: dict[str, _Counts] = {}  # this process's own requests
+        self._view = self._counts  # what consumers read: the own counts, or every worker's sum
+        self._workers: _Workers | None = None  # under `--workers`
+        self._publish: Publish | None = None
+        self._worker = 0
         self._flights: dict[int, _Flight] = {}  # by InferenceRequest.key
         self._clock = clock
         self.stale_after = stale_after
 
     # What consumers read.
     def load(self, endpoint: str) -> InFlightLoad:
-        c = self._counts.get(endpoint)
+        c = self._view.get(endpoint)
         return InFlightLoad(c.requests, c.tokens) if c is not None else InFlightLoad()
 
     def loads(self, endpoints: Sequence[str]) -> tuple[list[int], list[int]]:
         """Requests and tokens in flight on each of `endpoints`, as two lists."""
-        counts = self._counts
+        counts = self._view
         found = [counts.get(name) for name in endpoints]
         return [c.requests if c else 0 for c in found], [c.tokens if c else 0 for c in found]
 
@@ -179,9 +224,7 @@ class InFlightLoadProducer(NamedPlugin):
                 continue
             name = r.targets[0].name
             tokens = self.request_tokens(request, cycle_state, name)
-            counts = self._counts.setdefault(name, _Counts())
-            counts.requests += 1
-            counts.tokens += tokens
+            self._add(name, 1, tokens)
             flight.shares.append(_Share(name, profile, tokens))
         if flight.shares:
             self._flights[request.key] = flight
@@ -219,18 +262,78 @@ class InFlightLoadProducer(NamedPlugin):
                 self._release(share, tokens=True, request=True)
 
     def _release(self, share: _Share, *, tokens: bool, request: bool) -> None:
-        counts = self._counts.get(share.endpoint)
-        if counts is None:
-            return
-        if tokens and share.tokens:
-            counts.tokens = max(0, counts.tokens - share.tokens)
+        released_tokens = share.tokens if tokens else 0
+        released_request = request and share.request_counted
+        if tokens:
             share.tokens = 0
-        if request and share.request_counted:
-            counts.requests = max(0, counts.requests - 1)
+        if request:
             share.request_counted = False
+        if released_tokens or released_request:
+            self._add(share.endpoint, -int(released_request), -released_tokens, create=False)
+
+    def _add(self, endpoint: str, requests: int, tokens: int, *, create: bool = True) -> None:
+        """Change this process's own counts on `endpoint` (never below 0; a release on an endpoint
+        removed since changes nothing), and under `--workers` the sums and the other workers."""
+        own = self._counts.get(endpoint)
+        if own is None:
+            if not create:
+                return
+            own = self._counts[endpoint] = _Counts()
+        now_requests, now_tokens = max(0, own.requests + requests), max(0, own.tokens + tokens)
+        if self._workers is not None:
+            self._workers.add(endpoint, now_requests - own.requests, now_tokens - own.tokens)
+            if self._publish is not None:
+                self._publish([endpoint, now_requests, now_tokens])
+        own.requests, own.tokens = now_requests, now_tokens
 
     def endpoint_removed(self, name: str) -> None:
         self._counts.pop(name, None)
+        if self._workers is not None:
+            self._workers.drop_endpoint(name)
+            if self._publish is not None:
+                self._publish([name, 0, 0])
+
+    # Replicated: every worker's requests in flight, under `epick serve --workers`.
+    def replicate(self, publish: Publish | None, worker: int) -> None:
+        self._publish, self._worker = publish, worker
+        if publish is None:
+            self._workers, self._view = None, self._counts
+        elif self._workers is None:
+            self._workers = _Workers(self._counts)
+            self._view = self._workers.totals
+
+    def apply_update(self, update: object, worker: int) -> None:
+        endpoint, requests, tokens = cast("tuple[str, int, int]", update)
+        if self._workers is not None and worker != self._worker:
+            self._workers.set(worker, str(endpoint), max(0, int(requests)), max(0, int(tokens)))
+
+    def snapshot(self) -> object:
+        """Every worker's counts by worker, this one's own included."""
+        held = {} if self._workers is None else self._workers.others
+        counts = {worker: {ep: [r, t] for ep, (r, t) in eps.items()} for worker, eps in held.items()}
+        counts[self._worker] = {
+            ep: [c.requests, c.tokens] for ep, c in self._counts.items() if c.requests or c.tokens
+        }
+        return counts
+
+    def restore(self, snapshot: object) -> None:
+        """A running worker's counts, for those of (worker, endpoint) not heard of since this one
+        joined (what it heard is newer), and of workers that have not exited since (the snapshot may
+        arrive after the news); what this worker's earlier life held is gone with it."""
+        if self._workers is None:
+            return
+        by_worker = cast("dict[int, dict[str, tuple[int, int]]]", snapshot)
+        for worker, endpoints in by_worker.items():
+            if int(worker) == self._worker or int(worker) in self._workers.left:
+                continue
+            heard = self._workers.others.get(int(worker), {})
+            for endpoint, (requests, tokens) in endpoints.items():
+                if endpoint not in heard:
+                    self._workers.set(int(worker), str(endpoint), max(0, int(requests)), max(0, int(tokens)))
+
+    def worker_left(self, worker: int) -> None:
+        if self._workers is not None:
+            self._workers.drop_worker(worker)
 
 
 def _factory(name: str, params: InFlightParameters, handle: Handle) -> InFlightLoadProducer:

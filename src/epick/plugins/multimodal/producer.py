@@ -73,6 +73,7 @@ class MMEmbeddingsCacheParameters(Parameters):
 class MMEmbeddingsCacheProducer(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.PROMPT | Reads.BODY | Reads.HISTORY
+    worker_state = "which media each endpoint was sent"
 
     def __init__(self, name: str | None = None, cache_size_mb: int = DEFAULT_CACHE_MB) -> None:
         super().__init__(name)

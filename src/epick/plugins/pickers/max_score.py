@@ -28,6 +28,7 @@ TYPE = "max-score-picker"
 class MaxScorePicker(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HISTORY  # scores, and a random tie-break
+    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self, name: str | None = None, max_num_of_endpoints: int = 1, rng: random.Random | None = None

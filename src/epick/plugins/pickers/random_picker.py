@@ -23,6 +23,7 @@ TYPE = "random-picker"
 class RandomPicker(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HISTORY  # a random draw
+    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self, name: str | None = None, max_num_of_endpoints: int = 1, rng: random.Random | None = None

@@ -28,6 +28,7 @@ TYPE = "round-robin-picker"
 class RoundRobinPicker(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HISTORY  # its turn
+    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(self, name: str | None = None, max_num_of_endpoints: int = 1) -> None:
         super().__init__(name)

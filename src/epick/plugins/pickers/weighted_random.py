@@ -20,6 +20,7 @@ TYPE = "weighted-random-picker"
 class WeightedRandomPicker(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HISTORY  # scores, and a random draw
+    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self, name: str | None = None, max_num_of_endpoints: int = 1, rng: random.Random | None = None

@@ -96,6 +96,7 @@ class _Waiting:
 class BurstPrefixCacheProducer(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.PROMPT | Reads.MODEL | Reads.BODY | Reads.METRICS
+    worker_state = "its open batch of requests"
 
     def __init__(self, name: str | None = None, params: BurstParameters | None = None) -> None:
         super().__init__(name)

@@ -121,10 +121,10 @@ class SharedIndex:
 
     index: PrefixIndex
 
-    def replicate(self, publish: Publish | None) -> None:
+    def replicate(self, publish: Publish | None, worker: int) -> None:
         self.index.publish = publish
 
-    def apply_update(self, update: object) -> None:
+    def apply_update(self, update: object, worker: int) -> None:
         self.index.apply_update(update)
 
     def snapshot(self) -> object:
@@ -132,3 +132,6 @@ class SharedIndex:
 
     def restore(self, snapshot: object) -> None:
         self.index.restore(snapshot)
+
+    def worker_left(self, worker: int) -> None:
+        """What a worker recorded stays: the blocks are on the endpoints, not in the worker."""

@@ -204,6 +204,7 @@ def endpoint_id(ep: Endpoint) -> str:
 class PrecisePrefixCacheProducer(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.TOKENS | Reads.MODEL | Reads.HISTORY
+    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(self, name: str | None = None, params: PreciseParameters | None = None) -> None:
         super().__init__(name)
@@ -220,6 +221,8 @@ class PrecisePrefixCacheProducer(NamedPlugin):
         self.key = match_key(self.name)
         self.speculative = params.speculative_indexing
         self.speculative_ttl = params.speculative_ttl
+        if self.speculative:  # the engines' events reach every worker; a guess only its own
+            self.worker_state = "its speculative entries"
         self.clock: Callable[[], float] = time.monotonic
         self.enable_metrics = params.indexer_config.kv_block_index_config.enable_metrics
         self.lookups = 0  # lookups made (upstream's kv_cache_index_lookup_requests_total)

@@ -28,6 +28,7 @@ TYPE = "precise-prefix-cache-scorer"
 class PrecisePrefixCacheScorer(PrecisePrefixCacheProducer):
     plugin_type = TYPE
     reads = Reads.TOKENS | Reads.MODEL | Reads.HISTORY
+    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,

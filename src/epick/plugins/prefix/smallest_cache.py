@@ -30,6 +30,7 @@ class SmallestCacheParameters(Parameters):
 class SmallestCacheScorer(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HISTORY  # the prefix match and the index's contents
+    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(self, name: str | None = None, *, producer: str, index: PrefixIndex) -> None:
         super().__init__(name)

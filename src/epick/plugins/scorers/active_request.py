@@ -35,6 +35,7 @@ class ActiveRequestParameters(Parameters):
 class ActiveRequestScorer(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HISTORY  # the in-flight counts
+    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,

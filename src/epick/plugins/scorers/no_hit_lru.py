@@ -7,7 +7,8 @@ or when that left no match at all. A warm request scores 0.5 everywhere. For a c
 ranked by when they last received a cold request: first those that never did (in candidate order),
 then the rest from least to most recent; rank r of n scores max(0, 1 − r / (n − 1)), a single
 endpoint 1. The order is kept in PreRequest for the primary target and the `prefillProfile`
-(default prefill) target of cold requests, over at most `lruSize` (1024) endpoints.
+(default prefill) target of cold requests, over at most `lruSize` (1024) endpoints. Under `epick
+serve --workers` the order is shared: every worker's cold requests move endpoints in one order.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from pydantic import Field
 
@@ -27,6 +29,7 @@ from epick.framework import (
     SchedulingResult,
     state_key,
 )
+from epick.framework.replication import Publish
 from epick.plugins.prefix.scorer import TYPE as PREFIX_TYPE
 from epick.plugins.prefix.scorer import find_prefix_match, resolve_producer
 from epick.plugins.registry import Handle, Parameters, PluginSpec
@@ -64,6 +67,7 @@ class NoHitLruScorer(NamedPlugin):
         self.prefill_profile = prefill_profile
         self.lru_size = lru_size
         self._lru: OrderedDict[str, None] = OrderedDict()  # endpoint names, least recent first
+        self._publish: Publish | None = None
 
     def score(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
@@ -107,10 +111,35 @@ class NoHitLruScorer(NamedPlugin):
         self._lru.pop(name, None)
 
     def _used(self, name: str) -> None:
+        if self._publish is not None:
+            self._publish(name)
+        self._touch(name)
+
+    def _touch(self, name: str) -> None:
         self._lru.pop(name, None)
         self._lru[name] = None
         if len(self._lru) > self.lru_size:
             self._lru.popitem(last=False)
+
+    # Replicated: under `epick serve --workers`, one LRU order of every worker's cold requests.
+    def replicate(self, publish: Publish | None, worker: int) -> None:
+        self._publish = publish
+
+    def apply_update(self, update: object, worker: int) -> None:
+        self._touch(str(update))
+
+    def snapshot(self) -> object:
+        return list(self._lru)
+
+    def restore(self, snapshot: object) -> None:
+        """A running worker's order goes before (is older than) what this one recorded itself."""
+        mine = list(self._lru)
+        self._lru.clear()
+        for name in [*cast("list[str]", snapshot), *mine]:
+            self._touch(str(name))
+
+    def worker_left(self, worker: int) -> None:
+        """The order stays: the endpoints got those requests whichever worker sent them."""
 
 
 def _factory(name: str, params: NoHitLruParameters, handle: Handle) -> NoHitLruScorer:

@@ -32,6 +32,7 @@ class TokenLoadParameters(Parameters):
 class TokenLoadScorer(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HISTORY | Reads.PROMPT_SIZE  # the in-flight counts, and this request's estimate
+    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,

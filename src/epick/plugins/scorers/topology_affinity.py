@@ -40,6 +40,7 @@ class TopologyAffinityScorerParameters(Parameters):
 class TopologyAffinityScorer(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HISTORY  # the peer an earlier stage of this request chose (cycle state)
+    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(self, name: str | None = None, producer_name: str = "") -> None:
         super().__init__(name)

@@ -369,6 +369,7 @@ def pick_revision(shares: Mapping[str, float], draw: float) -> str:
 class DisaggregatedSetRolloutScreener(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HEADERS | Reads.HISTORY  # and the candidates' labels; a random draw
+    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,

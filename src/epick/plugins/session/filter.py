@@ -189,6 +189,7 @@ def _settings(p: SessionAffinityParameters) -> _Settings:
 class SessionAffinityFilter(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HEADERS | Reads.HISTORY  # the session's header or producer data, and its binding
+    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,
@@ -201,6 +202,8 @@ class SessionAffinityFilter(NamedPlugin):
         settings = _settings(self.params)
         self.strategy = self.params.strategy
         self.profile_name = self.params.profile_name
+        if self.strategy == "session_id":
+            self.worker_state = "its session bindings"
         self.header = settings.header
         self.sources = settings.sources
         self.ttl = settings.ttl
