@@ -164,11 +164,11 @@ FULL_DUPLEX = "FULL_DUPLEX_STREAMED"
 # Envoy + epick's ext_proc: (name, request body mode, response body mode, allow_mode_override, epick's
 # extra arguments). The first is GIE's gateway setting with epick's defaults.
 EXTPROC_VARIANTS: list[tuple[str, str, str, bool, list[str]]] = [
-    ("Envoy + epick ext_proc (GIE modes)", FULL_DUPLEX, FULL_DUPLEX, False, []),
+    ("Envoy + epick ext_proc (GIE modes)", FULL_DUPLEX, FULL_DUPLEX, False, ["--workers", "1"]),
     ("Envoy + epick ext_proc (GIE modes; reads no response)", FULL_DUPLEX, FULL_DUPLEX, False,
-     ["--no-usage-metrics", "--outlier-consecutive-5xx", "0"]),
+     ["--workers", "1", "--no-usage-metrics", "--outlier-consecutive-5xx", "0"]),
     ("Envoy + epick ext_proc (buffered; mode_override)", "BUFFERED", "STREAMED", True,
-     ["--no-usage-metrics"]),
+     ["--workers", "1", "--no-usage-metrics"]),
     ("Envoy (2 threads) + epick ext_proc (GIE modes; 2 workers)", FULL_DUPLEX, FULL_DUPLEX, False,
      ["--workers", "2"]),
 ]  # fmt: skip
@@ -349,9 +349,12 @@ def start_fronts(
         wait_http(f"http://127.0.0.1:{port}/health", timeout=60, log=log)
         fronts.append(Front(name, f"http://127.0.0.1:{port}", [proc.pid]))
     variants: list[tuple[str, list[str]]] = [
-        ("epick proxy default", []),
+        ("epick proxy default", ["--workers", "1"]),
         ("epick proxy default (2 workers)", ["--workers", "2"]),
-        ("epick proxy round-robin", ["--config-file", str(ROOT / "config" / "round-robin.yaml")]),
+        (
+            "epick proxy round-robin",
+            ["--workers", "1", "--config-file", str(ROOT / "config" / "round-robin.yaml")],
+        ),
     ]
     serve = [*EPICK, "serve", "--endpoints", ",".join(backends), "--log-level", "error"]
     for name, extra in variants:

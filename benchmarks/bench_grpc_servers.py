@@ -275,7 +275,7 @@ def plaintext_envoy(tmp: Path, listen: int, admin: int, grpc_port: int) -> Path:
 def start(stack: Stack, stack_ctx: contextlib.ExitStack, tmp: Path, backends: list[str], envoy: str) -> None:
     grpc_port, health, listen, admin = free_ports(4)
     if stack.name == "epick":
-        cmd = [*bench_dataplane.EPICK, "serve", "--no-proxy", "--grpc-port", str(grpc_port),
+        cmd = [*bench_dataplane.EPICK, "serve", "--workers", "1", "--no-proxy", "--grpc-port", str(grpc_port),
                "--grpc-health-port", str(health), "--no-secure-serving", "--metrics-port", "0",
                "--endpoints", ",".join(backends), "--log-level", "error"]  # fmt: skip
     else:

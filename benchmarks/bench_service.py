@@ -254,8 +254,9 @@ async def bench_service(quick: bool) -> dict[str, float]:
     n = 100 if quick else 400
     with process([*EPICK, "sim-server", "--port", str(base), "--count", "4", "--time-scale", "1"]):
         await wait_http(f"http://{sims[0]}/health")
-        serve = [*EPICK, "serve", "--endpoints", ",".join(sims[:1]), "--proxy-port", str(proxy_port),
-                 "--metrics-port", str(metrics_port), "--no-extproc", "--log-level", "error"]  # fmt: skip
+        serve = [*EPICK, "serve", "--workers", "1", "--endpoints", ",".join(sims[:1]),
+                 "--proxy-port", str(proxy_port), "--metrics-port", str(metrics_port), "--no-extproc",
+                 "--log-level", "error"]  # fmt: skip
         with process(serve):
             await wait_http(f"http://127.0.0.1:{proxy_port}/health")
             await asyncio.sleep(0.5)
@@ -266,8 +267,9 @@ async def bench_service(quick: bool) -> dict[str, float]:
     with process([*EPICK, "sim-server", "--port", str(base), "--count", "4", "--time-scale", "100"]):
         await wait_http(f"http://{sims[0]}/health")
         results["direct_rps"] = await throughput([f"http://{s}/v1/completions" for s in sims], n * 3, 64)
-        with process([*EPICK, "serve", "--endpoints", ",".join(sims), "--proxy-port", str(proxy_port),
-                      "--grpc-port", str(grpc_port), "--grpc-health-port", str(health_port),
+        with process([*EPICK, "serve", "--workers", "1", "--endpoints", ",".join(sims),
+                      "--proxy-port", str(proxy_port), "--grpc-port", str(grpc_port),
+                      "--grpc-health-port", str(health_port),
                       "--metrics-port", str(metrics_port), "--log-level", "error"]):  # fmt: skip
             await wait_http(f"http://127.0.0.1:{proxy_port}/health")
             await asyncio.sleep(0.5)

@@ -401,8 +401,9 @@ def main() -> int:
                    "--time-scale", "1000", "--seed", str(args.seed)]  # fmt: skip
         procs.start(sim_cmd, log_dir / "sim-server.log")
         serve_cmd = [sys.executable, args.serve_wrapper] if args.serve_wrapper else EPICK
-        serve = procs.start([*serve_cmd, "serve", "--endpoints", sims, "--host", "127.0.0.1",
-                             "--proxy-port", str(proxy_port), "--no-extproc", "--metrics-port", "0"],
+        serve = procs.start([*serve_cmd, "serve", "--workers", "1", "--endpoints", sims,
+                             "--host", "127.0.0.1", "--proxy-port", str(proxy_port), "--no-extproc",
+                             "--metrics-port", "0"],
                             log_dir / "serve.log")  # fmt: skip
         base = f"http://127.0.0.1:{proxy_port}"
         print(f"sim servers {sims}; epick serve pid {serve.pid} on {base}; logs in {log_dir}", flush=True)

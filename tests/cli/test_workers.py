@@ -57,9 +57,9 @@ def test_a_prefix_index_replica_matches_after_updates_and_a_snapshot() -> None:
 
 def test_the_scorer_publishes_through_its_index() -> None:
     scorer, sent = PrefixCacheScorer(), []
-    scorer.replicate(sent.append)
+    scorer.replicate(sent.append, 0)
     scorer.index.add("ep", [5])
-    scorer.replicate(None)
+    scorer.replicate(None, 0)
     scorer.index.add("ep", [6])
     assert sent == [["ep", [5]]]
 
@@ -254,14 +254,31 @@ def test_flow_control_is_refused_with_workers(capsys: pytest.CaptureFixture[str]
 
 
 def test_the_worker_link_names_what_stays_per_worker(caplog: pytest.LogCaptureFixture) -> None:
+    from epick.framework import NamedPlugin, Reads
+    from epick.plugins.load.inflight import InFlightLoadProducer
     from epick.plugins.scorers.no_hit_lru import NoHitLruScorer
+    from epick.plugins.session.filter import SessionAffinityFilter, SessionAffinityParameters
 
-    plugins = {"prefix-cache-scorer": PrefixCacheScorer(), "no-hit-lru-scorer": NoHitLruScorer()}
+    class OutOfTree(NamedPlugin):  # reads HISTORY, says nothing of what it keeps
+        plugin_type = "my-scorer"
+        reads = Reads.HISTORY
+
+    plugins = {
+        "prefix-cache-scorer": PrefixCacheScorer(),
+        "no-hit-lru-scorer": NoHitLruScorer(),
+        "inflight-load-producer": InFlightLoadProducer(),
+        "header-sessions": SessionAffinityFilter("header-sessions"),
+        "id-sessions": SessionAffinityFilter("id-sessions", SessionAffinityParameters(strategy="session_id")),
+        "mine": OutOfTree("mine"),
+    }
     link = WorkerLink("/nonexistent", 0, lambda: plugins)
     with caplog.at_level("WARNING"):
         link.attach()
-    assert "no-hit-lru-scorer (no-hit-lru-scorer)" in caplog.text
-    assert "prefix-cache-scorer (" not in caplog.text
+    assert "id-sessions (session-affinity-filter): its session bindings" in caplog.text
+    assert "mine (my-scorer): state it does not declare" in caplog.text
+    for shared in ("prefix-cache-scorer", "no-hit-lru-scorer", "inflight-load-producer", "header-sessions"):
+        assert f"{shared} (" not in caplog.text
+    assert set(link._replicated) == {"prefix-cache-scorer", "no-hit-lru-scorer", "inflight-load-producer"}
 
 
 async def test_every_worker_serves_ext_proc_on_the_shared_ports(
@@ -302,3 +319,153 @@ async def test_every_worker_serves_ext_proc_on_the_shared_ports(
     )  # fmt: skip
     _, err = await asyncio.wait_for(second.communicate(), 60)
     assert second.returncode == 2 and f"cannot listen on 127.0.0.1:{grpc_port} for gRPC" in err.decode(), err
+
+
+ONE_AT_A_TIME = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: concurrency-detector
+  parameters:
+    maxConcurrency: 1
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: concurrency-detector
+  - pluginRef: max-score-picker
+"""
+
+
+async def test_the_workers_count_each_others_requests_in_flight(
+    make_sim: MakeSim, serve: Callable[..., Awaitable[Served]], tmp_path: Path
+) -> None:
+    """One endpoint that takes one request at a time (`concurrency-detector` as a filter): while a
+    long stream holds it, every worker refuses, not only the one that sent it; once it ends, every
+    worker sends again."""
+    sim = await make_sim(time_scale=1.0)
+    config = tmp_path / "one-at-a-time.yaml"
+    config.write_text(ONE_AT_A_TIME)
+    served = await serve([f"127.0.0.1:{sim.port}"], "--workers", "2", "--config-file", str(config))
+
+    async def answers(count: int) -> Counter[str]:
+        """Who answered `count` short requests, each on a fresh connection (either worker): the
+        worker's index when it sent the request, else the status."""
+        connector = aiohttp.TCPConnector(force_close=True)
+        payload = {"model": "sim-model", "prompt": "short", "max_tokens": 1}
+        async with aiohttp.ClientSession(connector=connector) as session:
+
+            async def one() -> str:
+                async with session.post(served.url + "/v1/completions", json=payload) as r:
+                    await r.read()
+                    return r.headers[WORKER_HEADER] if r.status == 200 else str(r.status)
+
+            return Counter([await one() for _ in range(count)])
+
+    async def all_refused() -> bool:
+        return not {"0", "1"} & set(await answers(16))
+
+    async with aiohttp.ClientSession() as session:
+        long = {"model": "sim-model", "prompt": "long", "max_tokens": 4000, "stream": True}
+        async with session.post(served.url + "/v1/completions", json=long) as stream:
+            assert stream.status == 200
+            await stream.content.readline()  # streaming: counted on the endpoint
+            holder = stream.headers[WORKER_HEADER]
+            for _ in range(100):  # the count reaches the other worker within moments
+                if await all_refused():
+                    break
+            else:
+                raise AssertionError(f"a worker besides worker {holder} still sends to the busy endpoint")
+        # The stream is closed: its release reaches both workers.
+    # Short requests from one worker can still meet the other's last one in flight (its release
+    # travelling): what matters is that each worker sends again.
+    sent: set[str] = set()
+    for _ in range(100):
+        sent |= {"0", "1"} & set(await answers(16))
+        if sent == {"0", "1"}:
+            break
+    else:
+        raise AssertionError(f"only workers {sorted(sent)} sent again after the stream ended")
+    assert "each worker keeps its own" not in served.log.read_text()
+
+
+# --- how many workers by default ------------------------------------------------------------------
+
+
+def _affinity() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({}, None),  # no cgroup files: the affinity
+        ({"cpu.max": "max 100000\n"}, None),
+        ({"cpu.max": "50000 100000\n"}, 1),  # half a core: one
+        ({"cpu.max": "150000 100000\n"}, 2),  # a core and a half: rounded up
+        ({"cpu.max": "garbage\n"}, None),
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),  # v1, no limit
+        ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),
+    ],
+)
+def test_the_cores_available_are_the_affinity_capped_by_the_cgroup_quota(
+    tmp_path: Path, files: dict[str, str], expected: int | None
+) -> None:
+    from epick.cli.workers import cores_available
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    affinity = _affinity()
+    assert cores_available(tmp_path) == (affinity if expected is None else min(affinity, expected))
+
+
+def test_the_default_is_one_worker_per_core_unless_something_would_be_split() -> None:
+    from epick.cli.workers import default_workers
+    from epick.config import load_config
+    from epick.plugins.session.filter import SessionAffinityFilter, SessionAffinityParameters
+
+    plugins = load_config(None, seed=1).plugins  # the default config shares all it keeps
+    assert default_workers(4, plugins, flow_control=False, grpc_ports_fixed=True) == (
+        4,
+        "4 cores are available",
+    )
+    assert default_workers(1, plugins, flow_control=False, grpc_ports_fixed=True)[0] == 1
+    count, reason = default_workers(4, plugins, flow_control=True, grpc_ports_fixed=True)
+    assert count == 1 and "flow control" in reason
+    count, reason = default_workers(4, plugins, flow_control=False, grpc_ports_fixed=False)
+    assert count == 1 and "gRPC ports" in reason
+    sessions = SessionAffinityFilter("sessions", SessionAffinityParameters(strategy="session_id"))
+    count, reason = default_workers(
+        4, {**plugins, "sessions": sessions}, flow_control=False, grpc_ports_fixed=True
+    )
+    assert count == 1 and "sessions (session-affinity-filter): its session bindings" in reason
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected", "why"),
+    [
+        ([], 3, "3 cores are available"),
+        (["--workers", "1"], 1, None),
+        (["--workers", "2"], 2, None),
+        (["--config-file", "config/flow-control.yaml"], 1, "flow control"),  # not an error
+        (["--grpc-port", "0"], 1, "gRPC ports"),
+        (["--no-proxy", "--no-extproc"], 1, None),
+    ],
+)
+def test_serve_runs_the_default_workers_and_says_why(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, argv: list[str], expected: int,
+    why: str | None,
+) -> None:  # fmt: skip
+    from epick.cli import serve
+    from epick.cli.main import build_parser
+
+    monkeypatch.chdir(Path(__file__).parents[2])
+    monkeypatch.setattr(serve, "cores_available", lambda: 3)
+    args = build_parser().parse_args(["serve", "--endpoints", "127.0.0.1:1", *argv])
+    with caplog.at_level("INFO", logger="epick.serve"):
+        assert serve._workers(args, serve.options_from(args)) == expected
+    if why is not None:
+        assert f"serving with {expected} worker process" in caplog.text and why in caplog.text
+    else:
+        assert "serving with" not in caplog.text

@@ -22,7 +22,7 @@ import yaml
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from epick.cli.workers import Supervisor, WorkerLink
+from epick.cli.workers import Supervisor, WorkerLink, cores_available, default_workers
 from epick.config import ConfigError, LoadedConfig, load_config
 from epick.datalayer.datastore import Datastore, EndpointSpec
 from epick.datalayer.discovery.file import FileDiscoveryRunner
@@ -211,9 +211,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--workers",
         type=int,
-        default=1,
-        help="processes serving the proxy on one port, sharing the prefix index (epick.cli.workers); "
-        "every worker also serves ext_proc (fixed gRPC ports)",
+        default=None,
+        help="processes serving the proxy and ext_proc on the same ports, sharing the scheduling "
+        "state (epick.cli.workers); default: one per core available, or one where the config keeps "
+        "state per process (flow control, plugins that do not share) or the gRPC ports are 0",
     )
     p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-hub", default=None, help=argparse.SUPPRESS)
@@ -610,14 +611,14 @@ def _serve_args(argv: list[str]) -> list[str]:
     return out
 
 
-def _supervise(args: argparse.Namespace, options: ServeOptions) -> Supervisor:
+def _supervise(args: argparse.Namespace, options: ServeOptions, workers: int) -> Supervisor:
     if options.proxy is None and options.extproc is None:
         raise ValueError("--workers above 1 needs the proxy or ext_proc to serve")
     if options.extproc is not None and 0 in (options.extproc.port, options.extproc.health_port):
         raise ValueError("--workers above 1 shares the gRPC ports between workers: give them fixed (not 0)")
     return Supervisor(
         _serve_args(args.argv),
-        args.workers,
+        workers,
         host=options.proxy.host if options.proxy else options.extproc.host,  # type: ignore[union-attr]
         port=options.proxy.port if options.proxy else None,
         metrics_host=options.metrics_host,
@@ -626,25 +627,47 @@ def _supervise(args: argparse.Namespace, options: ServeOptions) -> Supervisor:
     )
 
 
+def _workers(args: argparse.Namespace, options: ServeOptions) -> int:
+    """How many worker processes to run: `--workers` as given (flow control refused above 1), or
+    the default chosen from the cores and the config (logged with its reason). 0 means refused."""
+    if args.workers == 1 or (args.workers is None and options.proxy is None and options.extproc is None):
+        return 1
+    config = load_config(options.config_file, seed=options.seed)  # checked once, here
+    if args.workers is None:
+        extproc = options.extproc
+        count, reason = default_workers(
+            cores_available(),
+            config.plugins,
+            flow_control=config.flow_control is not None,
+            grpc_ports_fixed=extproc is None or 0 not in (extproc.port, extproc.health_port),
+        )
+        log.info("serving with %d worker process%s: %s", count, "es" if count > 1 else "", reason)
+        return count
+    if args.workers > 1 and config.flow_control is not None:
+        print("epick serve: flow control cannot run with --workers above 1: its queues are "
+              "one process's (run with --workers 1)", file=sys.stderr)  # fmt: skip
+        return 0
+    return int(args.workers)
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     options = options_from(args)
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         print("epick serve: --workers must be at least 1", file=sys.stderr)
         return 2
     try:
         with contextlib.suppress(KeyboardInterrupt):
             if args.worker_hub is not None:
                 uvloop.run(_worker_main(options, args))
-            elif args.workers > 1:
-                config = load_config(options.config_file, seed=options.seed)  # checked once, here
-                if config.flow_control is not None:
-                    print("epick serve: flow control cannot run with --workers above 1: its queues are "
-                          "one process's (run with --workers 1)", file=sys.stderr)  # fmt: skip
-                    return 2
-                uvloop.run(_supervise(args, options).run())
+                return 0
+            workers = _workers(args, options)
+            if workers == 0:
+                return 2
+            if workers > 1:
+                uvloop.run(_supervise(args, options, workers).run())
             else:
                 uvloop.run(_main(options))
     except ConfigError as e:

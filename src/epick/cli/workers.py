@@ -7,16 +7,19 @@ One Python process decides and relays on one core. With N workers:
   on the same port fails to start, naming the port (as does anything else binding it). It keeps the
   sockets open: connections wait in a dead worker's socket until its successor accepts them.
 - Each worker is a whole `epick serve`: its own data layer (discovery, scrapes, KV events) and its own
-  copy of the config. Scheduling state lives in plugins; those that record what decisions did (the
-  prefix index of `prefix-cache-scorer` and `approx-prefix-cache-producer`) implement
-  `epick.framework.replication.Replicated`: what one worker records, it publishes to the supervisor's
-  hub, which forwards it to every other worker (msgpack frames over a Unix socket), so each worker's
-  index holds every worker's decisions, the few hundred microseconds an update travels aside. Other
-  stateful plugins keep their state per worker (a warning names them), and flow control, whose queues
-  cannot be split, is refused.
-- A worker that dies is started again (after 0.5 s, doubling to 8 s while it keeps dying). The new
-  one loads a snapshot of a running worker's replicated state, so no decision recorded before is lost;
-  the connections the dead worker held are reset (their clients see the error).
+  copy of the config. Scheduling state lives in plugins; those that record what decisions did
+  implement `epick.framework.replication.Replicated`: the prefix index (`prefix-cache-scorer`,
+  `approx-prefix-cache-producer`), the requests and tokens in flight (`inflight-load-producer`, which
+  `active-request-scorer`, `token-load-scorer`, `concurrency-detector` and the affinity and
+  utilization filters read) and `no-hit-lru-scorer`'s order. What one worker records, it publishes
+  to the supervisor's hub, which forwards it to every other worker (msgpack frames over a Unix
+  socket), so each worker decides on every worker's decisions, the few hundred microseconds an
+  update travels aside. Other stateful plugins keep their state per worker (`worker_state`; a warning
+  names them), and flow control, whose queues cannot be split, is refused.
+- A worker that dies is started again (after 0.5 s, doubling to 8 s while it keeps dying). The hub
+  forwards what it had published, then tells the others it left (its requests in flight ended with
+  its connections, which are reset: their clients see the error). The new one loads a snapshot of a
+  running worker's replicated state, so no decision recorded before is lost.
 - Every worker serves ext_proc too, on the same ports (SO_REUSEPORT; the supervisor holds each port
   with a lock and a bound, non-listening socket, so nothing else binds it). The supervisor serves
   `/metrics`, the workers' series merged: counters and histograms summed, gauges the largest.
@@ -30,13 +33,14 @@ import contextlib
 import dataclasses
 import fcntl
 import logging
+import math
 import os
 import signal
 import socket
 import struct
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +52,7 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from epick.framework.reads import Reads, reads_of
-from epick.framework.replication import Replicated
+from epick.framework.replication import Replicated, unshared_state
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +129,47 @@ def reserve_grpc(host: str, port: int) -> tuple[Any, socket.socket]:
     return lock, sock
 
 
+# --- how many ---------------------------------------------------------------------------------------
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def cores_available(cgroup: Path = CGROUP_ROOT) -> int:
+    """The cores this process may run on: its CPU affinity, capped by a cgroup CPU quota (a
+    container's CPU limit, rounded up), cgroup v2's `cpu.max` or v1's `cpu.cfs_quota_us`."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota: float | None = None
+    with contextlib.suppress(OSError, ValueError):
+        limit, period = (cgroup / "cpu.max").read_text().split()[:2]
+        if limit != "max":
+            quota = int(limit) / int(period)
+    if quota is None:
+        with contextlib.suppress(OSError, ValueError):
+            limit_us = int((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())
+            period_us = int((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
+            if limit_us > 0 and period_us > 0:
+                quota = limit_us / period_us
+    if quota is not None and quota > 0:
+        cores = min(cores, max(1, math.ceil(quota)))
+    return max(1, cores)
+
+
+def default_workers(cores: int, plugins: Mapping[str, object], *, flow_control: bool,
+                    grpc_ports_fixed: bool) -> tuple[int, str]:  # fmt: skip
+    """How many workers `epick serve` runs when `--workers` is not given, and why: one per core,
+    unless something would be lost by splitting the service (then one, saying what)."""
+    if cores <= 1:
+        return 1, "one core is available"
+    if flow_control:
+        return 1, "flow control's queues are one process's"
+    if not grpc_ports_fixed:
+        return 1, "ext_proc's gRPC ports are chosen by the kernel (0), and workers share fixed ones"
+    unshared = unshared_plugins(plugins)
+    if unshared:
+        return 1, "these plugins would keep their state per worker: " + "; ".join(unshared)
+    return cores, f"{cores} cores are available"
+
+
 # --- the supervisor -------------------------------------------------------------------------------
 
 
@@ -136,6 +180,12 @@ class _Worker:
     writer: asyncio.StreamWriter | None = None
     metrics_port: int = 0
     restarts: int = 0
+    # Set while no link of this worker's is open: its successor starts only once the others have
+    # been told it left (else they could drop what the successor publishes).
+    unlinked: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.unlinked.set()
 
 
 class Supervisor:
@@ -206,9 +256,10 @@ class Supervisor:
                 args += ["--proxy-fd", str(fds[0])]
             worker.process = await asyncio.create_subprocess_exec(*args, pass_fds=fds)
             code = await worker.process.wait()
-            worker.writer = None
             if self.stopping:
                 return
+            with contextlib.suppress(TimeoutError):  # its last frames are read and forwarded first
+                await asyncio.wait_for(worker.unlinked.wait(), 5)
             worker.restarts += 1
             log.error(
                 "worker %d exited with status %s; starting it again in %gs", worker.index, code, backoff
@@ -255,6 +306,7 @@ class Supervisor:
         # Joined first, then the snapshot: updates that cross it are applied on top of it.
         peers = [w for w in self.workers if w.writer is not None and w is not worker]
         worker.writer = writer
+        worker.unlinked.clear()
         if peers:
             peers[0].writer.write(frame({"t": "snapshot?", "for": worker.index}))  # type: ignore[union-attr]
         else:
@@ -280,6 +332,12 @@ class Supervisor:
         finally:
             if worker.writer is writer:
                 worker.writer = None
+                # What it alone held (its requests in flight) ended with it; its updates are all
+                # forwarded by now, as they came before this on its link.
+                for other in self.workers:
+                    if other is not worker and other.writer is not None:
+                        other.writer.write(frame({"t": "left", "worker": worker.index}))
+                worker.unlinked.set()
             writer.close()
 
     # --- metrics: the workers' series, merged -------------------------------------------------
@@ -383,19 +441,14 @@ class WorkerLink:
 
     def attach(self) -> None:
         """(Again, after a config reload) hand every replicated plugin its publisher."""
-        unshared = []
         self._replicated = {}
         for name, plugin in self.plugins().items():
             if isinstance(plugin, Replicated):
-                plugin.replicate(self._publisher(name))
+                plugin.replicate(self._publisher(name), self.index)
                 self._replicated[name] = plugin
-            elif Reads.HISTORY in reads_of(plugin) and not _stateless_history(plugin):
-                unshared.append(f"{name} ({plugin.typed_name.type})")
+        unshared = unshared_plugins(self.plugins())
         if unshared and self.index == 0:
-            log.warning(
-                "with --workers, each worker keeps its own state for: %s (only prefix indexes are shared)",
-                ", ".join(unshared),
-            )
+            log.warning("with --workers, each worker keeps its own: %s", "; ".join(unshared))
 
     def _publisher(self, name: str) -> Any:
         def publish(update: object) -> None:
@@ -422,11 +475,15 @@ class WorkerLink:
         kind = message.get("t")
         replicated = self._replicated
         if kind == "u":
+            origin = int(message["from"])
             for name, update in message["items"]:
                 plugin = replicated.get(name)
                 if plugin is not None:
-                    plugin.apply_update(update)
+                    plugin.apply_update(update, origin)
                     self.applied += 1
+        elif kind == "left":
+            for plugin in replicated.values():
+                plugin.worker_left(int(message["worker"]))
         elif kind == "snapshot?" and self._writer is not None:
             items = {name: p.snapshot() for name, p in replicated.items()}
             self._writer.write(frame({"t": "snapshot", "for": message["for"], "items": items}))
@@ -447,7 +504,11 @@ class WorkerLink:
             self._writer.close()
 
 
-def _stateless_history(plugin: object) -> bool:
-    """Plugins whose HISTORY is a random draw or a counter, which need no sharing."""
-    return plugin.typed_name.type in {"random-picker", "weighted-random-picker", "round-robin-picker",  # type: ignore[attr-defined]
-                                       "max-score-picker"}  # fmt: skip
+def unshared_plugins(plugins: Mapping[str, object]) -> list[str]:
+    """The plugins whose state from earlier requests stays per worker, each as "name (type): what"."""
+    found = []
+    for name, plugin in plugins.items():
+        state = unshared_state(plugin)
+        if state:
+            found.append(f"{name} ({plugin.typed_name.type}): {state}")  # type: ignore[attr-defined]
+    return found
