@@ -423,3 +423,59 @@ async def test_any_split_of_the_bytes_gives_the_same_messages(messages: list[byt
                 break
         writer.close()
         assert log == [f"message {len(m)}" for m in messages] + ["ended"]
+
+
+async def test_a_repeated_header_block_reads_the_dynamic_table_as_it_is_now() -> None:
+    """Envoy sends one header block for every stream; epick decodes a block once while the table
+    stays as it is. The same bytes after the table changed mean other fields, and are read so."""
+    seen: list[str | None] = []
+
+    class Tag:
+        def __init__(self, call: Call) -> None:
+            seen.append(call.headers.get("x-tag"))
+
+        def received(self, message: bytes) -> None:
+            pass
+
+        def ended(self) -> None:
+            pass
+
+        def cancelled(self) -> None:
+            pass
+
+    server = GrpcServer({ECHO: Tag})
+    port = await server.listen("127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    encoder = hpack.Encoder()
+    base = [hpack.HeaderTuple(":method", "POST"), hpack.HeaderTuple(":scheme", "http")] + [
+        hpack.NeverIndexedHeaderTuple(k, v)
+        for k, v in ((":path", ECHO), (":authority", "test"), ("content-type", "application/grpc"))
+    ]
+
+    def headers_frame(stream_id: int, tag: str) -> tuple[bytes, bytes]:
+        block = encoder.encode([*base, ("x-tag", tag)], huffman=False)
+        return block, len(block).to_bytes(3, "big") + b"\x01\x04" + stream_id.to_bytes(4, "big") + block
+
+    async def acknowledged() -> None:
+        """A PING answered: every frame sent before it was read."""
+        writer.write(b"\x00\x00\x08\x06\x00\x00\x00\x00\x00" + b"pingpong")
+        buf = b""
+        while True:
+            buf += await asyncio.wait_for(reader.read(65536), 5)
+            while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+                length, kind, flags = int.from_bytes(buf[:3], "big"), buf[3], buf[4]
+                if kind == 0x06 and flags & 0x01 and buf[9 : 9 + length] == b"pingpong":
+                    return
+                buf = buf[9 + length :]
+
+    writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+    blocks = []
+    for stream_id, tag in ((1, "one"), (3, "one"), (5, "one"), (7, "two"), (9, "two")):
+        block, frame = headers_frame(stream_id, tag)
+        blocks.append(block)
+        writer.write(frame)
+    await acknowledged()
+    assert blocks[1] == blocks[2] == blocks[4] and blocks[0] != blocks[1] != blocks[3]  # as meant
+    assert seen == ["one", "one", "one", "two", "two"]
+    writer.close()
+    await server.stop(grace=0.5)

@@ -65,6 +65,7 @@ STREAM_WINDOW = 4 * 1024 * 1024
 CONNECTION_WINDOW = 16 * 1024 * 1024
 FRAME_SIZE = 1024 * 1024
 HEADER_LIST_BYTES = 64 * 1024
+MAX_CACHED_BLOCKS = 64  # distinct header blocks remembered per connection
 MESSAGE_BYTES = 4 * 1024 * 1024  # grpc's default receive limit
 
 
@@ -310,6 +311,9 @@ class Connection(asyncio.Protocol):
         self.unacknowledged = 0
         self._decoder = Decoder()
         self._decoder.max_header_list_size = HEADER_LIST_BYTES
+        # Header blocks decoded while the dynamic table stayed as it is: Envoy sends the same block
+        # (indexed fields, literals not indexed) for every stream, so most are decoded once.
+        self._blocks: dict[bytes, dict[str, str]] = {}
         # (stream, flags, block) of a header block until its END_HEADERS
         self._header_block: tuple[int, int, bytearray] | None = None
         self.going_away = False
@@ -616,10 +620,7 @@ class Connection(asyncio.Protocol):
             self._header_block_done(stream_id, pending[1], bytes(pending[2]))
 
     def _header_block_done(self, stream_id: int, flags: int, block: bytes) -> None:
-        try:
-            fields = self._decoder.decode(block)  # always decoded: the dynamic table must follow the peer
-        except HPACKError as e:
-            raise H2ConnectionError(H2Error.COMPRESSION_ERROR, f"an undecodable header block ({e})") from None
+        headers = self._decode(block)
         call = self.calls.get(stream_id)
         if call is not None:  # trailers from the client: they end its side
             if not flags & END_STREAM:
@@ -639,7 +640,6 @@ class Connection(asyncio.Protocol):
         if self.going_away:
             self.emit(_rst(stream_id, H2Error.REFUSED_STREAM))
             return
-        headers = {str(k): str(v) for k, v in fields}
         call = Call(self, stream_id, headers, self.peer_window)
         call.remote_closed = bool(flags & END_STREAM)
         self.calls[stream_id] = call
@@ -647,6 +647,30 @@ class Connection(asyncio.Protocol):
         self.server.start_call(call)
         if call.remote_closed and not call.done and call.handler is not None:
             self._tell(call, call.handler.ended)
+
+    def _decode(self, block: bytes) -> dict[str, str]:
+        """The header block's fields (a dict of its own). Every block is decoded while the peer
+        changes the dynamic table, since later blocks refer to it; one that leaves the table as it
+        was means the same fields each time it comes again, until the table changes."""
+        cached = self._blocks.get(block)
+        if cached is not None:
+            return dict(cached)
+        table = self._decoder.header_table
+        entries = table.dynamic_entries
+        count, newest, size = len(entries), entries[0] if entries else None, table.maxsize
+        try:
+            fields = self._decoder.decode(block)
+        except HPACKError as e:
+            raise H2ConnectionError(H2Error.COMPRESSION_ERROR, f"an undecodable header block ({e})") from None
+        headers = {str(k): str(v) for k, v in fields}
+        # An entry added is a new tuple at the front (even when it equals the one before).
+        if len(entries) == count and table.maxsize == size and (entries[0] if entries else None) is newest:
+            if len(self._blocks) >= MAX_CACHED_BLOCKS:
+                self._blocks.clear()
+            self._blocks[block] = headers
+        else:
+            self._blocks.clear()
+        return dict(headers)
 
     def _window_update(self, stream_id: int, payload: bytes) -> None:
         if len(payload) != 4:
