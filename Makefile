@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_simulate.py
 	$(BIN)/python benchmarks/bench_flowcontrol.py
 	$(BIN)/python benchmarks/bench_precise.py
+	$(BIN)/python benchmarks/bench_workers.py
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/bench_dataplane.py
 	$(BIN)/python benchmarks/bench_http_stacks.py --quick

@@ -469,3 +469,40 @@ def test_serve_runs_the_default_workers_and_says_why(
         assert f"serving with {expected} worker process" in caplog.text and why in caplog.text
     else:
         assert "serving with" not in caplog.text
+
+
+async def test_a_decision_first_applies_what_reached_the_link_and_sends_what_it_recorded(
+    tmp_path: Path,
+) -> None:
+    """`catch_up` (called before each scheduling) reads the hub's socket without waiting for the
+    event loop: a burst of requests decided in one turn of the loop sees the other workers'
+    decisions that arrived meanwhile, and its own leave before the next decision."""
+    hub: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Future()
+
+    async def serve_hub(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert await read_frame(reader) == {"t": "hello", "worker": 1}
+        writer.write(frame({"t": "snapshot", "for": 1, "items": {}}))
+        hub.set_result((reader, writer))
+
+    path = tmp_path / "hub.sock"
+    server = await asyncio.start_unix_server(serve_hub, path)
+    scorer = PrefixCacheScorer()
+    link = WorkerLink(str(path), 1, lambda: {"prefix-cache-scorer": scorer})
+    await link.connect()
+    reader, writer = await hub
+    writer.write(frame({"t": "u", "from": 0, "items": [["prefix-cache-scorer", ["ep-0", [5, 6]]]]}))
+    assert scorer.index.match([5, 6]) == {}  # in the socket; the loop has not turned
+    link.catch_up()
+    assert scorer.index.match([5, 6]) == {"ep-0": 2}
+    scorer.index.add("ep-1", [9])
+    link.catch_up()  # sent now, not at the end of the loop's turn
+    assert link._outbox == []
+    assert await read_frame(reader) == {
+        "t": "u",
+        "from": 1,
+        "items": [["prefix-cache-scorer", ["ep-1", [9]]]],
+    }
+    await link.stop()
+    writer.close()
+    server.close()
+    await server.wait_closed()

@@ -473,3 +473,14 @@ def test_a_response_is_read_for_its_usage_only_when_something_wants_it() -> None
     assert d.config.hooks.response_complete
     assert d.response_needs is ResponseNeeds.BODY
     assert d.decide(body(), {}).usage is not None
+
+
+def test_the_shared_state_is_brought_up_to_date_before_every_scheduling() -> None:
+    """`before_schedule` (the workers' catch-up) runs before each decision, a retry's included."""
+    d = director(make_store(0, 0))
+    calls: list[int] = []
+    d.before_schedule = lambda: calls.append(len(calls))
+    decision = d.decide(body(), {}, "/v1/completions")
+    assert calls == [0]
+    d.schedule(decision.request, exclude=frozenset({decision.targets[0].name}))
+    assert calls == [0, 1]

@@ -74,7 +74,8 @@ class RunResult:
     queries: float = 0.0
 
 
-async def _server_counters(session: aiohttp.ClientSession, url: str) -> tuple[float, float]:
+async def prefix_cache_counters(session: aiohttp.ClientSession, url: str) -> tuple[float, float]:
+    """A vLLM-compatible server's prefix-cache counters (hits, queries), in tokens, from its /metrics."""
     async with session.get(url + "/metrics") as r:
         text = await r.text()
     hits = queries = 0.0
@@ -136,7 +137,7 @@ async def run_once(
             await asyncio.gather(*(worker() for _ in range(workload.concurrency)))
             result.wall = (time.perf_counter() - began) * time_scale
             for s in sims:
-                hits, queries = await _server_counters(session, s.url)
+                hits, queries = await prefix_cache_counters(session, s.url)
                 result.hits += hits
                 result.queries += queries
     finally:

@@ -577,6 +577,7 @@ async def _worker_main(options: ServeOptions, args: argparse.Namespace) -> None:
     service = Service(options)
     link = WorkerLink(args.worker_hub, args.worker_index, lambda: service.director.config.plugins)
     await link.connect()  # the shared state first: then serve
+    service.director.before_schedule = link.catch_up
     await service.start(socket.socket(fileno=args.proxy_fd) if args.proxy_fd is not None else None)
     link.report_metrics(service.metrics_bound_port)
     loop = asyncio.get_running_loop()

@@ -404,40 +404,52 @@ class _Merged(Collector):
 
 class WorkerLink:
     """Connects a worker's replicated plugins to the hub: publishes what they record, applies what
-    the other workers' record, and answers and loads snapshots."""
+    the other workers' record, and answers and loads snapshots.
+
+    The link is a plain non-blocking socket, read when the event loop sees data and also by
+    `catch_up`, which the director calls before each scheduling: a burst of requests decided in one
+    turn of the loop still sees the updates that reached the socket meanwhile, and sends its own
+    before the next decision rather than at the end of the turn."""
 
     def __init__(self, hub_path: str, index: int, plugins: Any) -> None:
         self.hub_path = hub_path
         self.index = index
         self.plugins = plugins  # () -> Mapping[str, Plugin]: the running config's plugins
-        self._writer: asyncio.StreamWriter | None = None
+        self._sock: socket.socket | None = None
+        self._in = bytearray()
+        self._out = bytearray()  # what the socket did not take yet
         self._outbox: list[list[object]] = []
         self._flush_pending = False
-        self._task: asyncio.Task[None] | None = None
+        self._snapshot: asyncio.Future[None] | None = None  # set once the snapshot has come
+        self._early: list[Any] | None = []  # what came before the plugins were attached
         self._replicated: dict[str, Replicated] = {}  # by name, as of the last attach
         self.applied = 0
 
     async def connect(self, timeout: float = 10.0) -> None:
         """Join the hub and load the running workers' shared state (before this worker serves, so
         its first decision already knows theirs); then publish and apply updates."""
-        reader, self._writer = await asyncio.open_unix_connection(self.hub_path)
-        self._writer.write(frame({"t": "hello", "worker": self.index}))
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        await loop.sock_connect(sock, self.hub_path)
+        self._sock = sock
+        self._snapshot = loop.create_future()
+        loop.add_reader(sock.fileno(), self.read_available)
+        self._send(frame({"t": "hello", "worker": self.index}))
         try:
-            first = await asyncio.wait_for(read_frame(reader), timeout)
+            await asyncio.wait_for(asyncio.shield(self._snapshot), timeout)
         except TimeoutError:
-            first = None
             log.warning(
                 "worker %d: no snapshot of the shared state within %gs; starting empty", self.index, timeout
             )
         self.attach()
-        if isinstance(first, dict):
-            self._handle(first)
-        self._task = asyncio.get_running_loop().create_task(self._read(reader), name="hub link")
+        early, self._early = self._early or [], None
+        for message in early:  # in the order they came: updates that crossed the snapshot included
+            self._handle(message)
 
     def report_metrics(self, port: int) -> None:
         """Where this worker serves its /metrics (the supervisor merges every worker's)."""
-        if self._writer is not None:
-            self._writer.write(frame({"t": "metrics", "port": port}))
+        self._send(frame({"t": "metrics", "port": port}))
 
     def attach(self) -> None:
         """(Again, after a config reload) hand every replicated plugin its publisher."""
@@ -449,6 +461,13 @@ class WorkerLink:
         unshared = unshared_plugins(self.plugins())
         if unshared and self.index == 0:
             log.warning("with --workers, each worker keeps its own: %s", "; ".join(unshared))
+
+    def catch_up(self) -> None:
+        """Before a decision: send what this worker recorded, apply what has arrived."""
+        if self._outbox:
+            self._flush()
+        if self._sock is not None:
+            self.read_available()
 
     def _publisher(self, name: str) -> Any:
         def publish(update: object) -> None:
@@ -462,14 +481,90 @@ class WorkerLink:
     def _flush(self) -> None:
         self._flush_pending = False
         items, self._outbox = self._outbox, []
-        if items and self._writer is not None and not self._writer.is_closing():
-            self._writer.write(frame({"t": "u", "from": self.index, "items": items}))
+        if items:
+            self._send(frame({"t": "u", "from": self.index, "items": items}))
 
-    async def _read(self, reader: asyncio.StreamReader) -> None:
-        while (message := await read_frame(reader)) is not None:
-            self._handle(message)
+    # --- the socket ---------------------------------------------------------------------------
+
+    def _send(self, data: bytes) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        if not self._out:
+            try:
+                sent = sock.send(data)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                self._lost()
+                return
+            if sent == len(data):
+                return
+            data = data[sent:]
+            asyncio.get_running_loop().add_writer(sock.fileno(), self._write_pending)
+        self._out += data
+
+    def _write_pending(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            sent = sock.send(self._out)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._lost()
+            return
+        del self._out[:sent]
+        if not self._out:
+            asyncio.get_running_loop().remove_writer(sock.fileno())
+
+    def read_available(self) -> None:
+        """Read and handle every whole frame the socket holds now."""
+        sock = self._sock
+        while sock is not None:
+            try:
+                chunk = sock.recv(1 << 20)
+            except BlockingIOError:
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._lost()
+                return
+            self._in += chunk
+            if len(chunk) < 1 << 20:
+                break
+        buf, pos = self._in, 0
+        while len(buf) - pos >= _HEAD.size:
+            length, _ = _HEAD.unpack_from(buf, pos)
+            if len(buf) - pos - _HEAD.size < length:
+                break
+            start = pos + _HEAD.size
+            message = msgpack.unpackb(buf[start : start + length], raw=False, strict_map_key=False)
+            pos = start + length
+            if self._early is None:
+                self._handle(message)
+                continue
+            self._early.append(message)
+            if message.get("t") == "snapshot" and self._snapshot is not None and not self._snapshot.done():
+                self._snapshot.set_result(None)
+        del buf[:pos]
+
+    def _lost(self) -> None:
+        if self._sock is None:
+            return
+        self._close()
         log.error("worker %d lost the supervisor's hub; exiting", self.index)
         os.kill(os.getpid(), signal.SIGTERM)  # an orphan must not serve on alone
+
+    def _close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            loop = asyncio.get_running_loop()
+            loop.remove_reader(sock.fileno())
+            loop.remove_writer(sock.fileno())
+            sock.close()
 
     def _handle(self, message: Any) -> None:
         kind = message.get("t")
@@ -484,9 +579,9 @@ class WorkerLink:
         elif kind == "left":
             for plugin in replicated.values():
                 plugin.worker_left(int(message["worker"]))
-        elif kind == "snapshot?" and self._writer is not None:
+        elif kind == "snapshot?":
             items = {name: p.snapshot() for name, p in replicated.items()}
-            self._writer.write(frame({"t": "snapshot", "for": message["for"], "items": items}))
+            self._send(frame({"t": "snapshot", "for": message["for"], "items": items}))
         elif kind == "snapshot":
             for name, state in message["items"].items():
                 plugin = replicated.get(name)
@@ -496,12 +591,7 @@ class WorkerLink:
                 log.info("worker %d loaded the shared state of a running worker", self.index)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._writer is not None:
-            self._writer.close()
+        self._close()
 
 
 def unshared_plugins(plugins: Mapping[str, object]) -> list[str]:

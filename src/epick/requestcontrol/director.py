@@ -135,6 +135,9 @@ class Director:
         self.tokenization = RemoteTokenization()
         self.flow_observer = flow_observer
         self.admission: FlowAdmission | None = self._admission(config)
+        # Called before every scheduling: `epick serve --workers` applies the other workers'
+        # updates already received, so a decision sees every decision that reached this process.
+        self.before_schedule: Callable[[], None] | None = None
         datastore.subscribe(self._endpoint_changed)
 
     def set_objectives(self, objectives: Mapping[str, int]) -> None:
@@ -329,6 +332,8 @@ class Director:
 
     def schedule(self, request: InferenceRequest, exclude: frozenset[str] = frozenset()) -> SchedulingResult:
         """The request path on the datastore's snapshot, without the endpoints named in `exclude`."""
+        if self.before_schedule is not None:
+            self.before_schedule()
         snapshot = self.datastore.snapshot()
         if exclude:
             return self.path.decide(request, tuple(ep for ep in snapshot if ep.name not in exclude))
