@@ -119,7 +119,11 @@ async def one_run(workers: int, kill: bool, workload: Workload, time_scale: floa
                 hits, queries = await prefix_cache_counters(session, f"http://{sim}")
                 run.hits += hits
                 run.queries += queries
-        run.restarted = len(workers_of(serve.pid)) == workers
+        for _ in range(600):  # the killed worker's successor: started within a few seconds
+            if len(workers_of(serve.pid)) == workers:
+                run.restarted = True
+                break
+            await asyncio.sleep(0.05)
     return run
 
 

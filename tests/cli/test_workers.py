@@ -227,6 +227,37 @@ async def test_a_killed_worker_comes_back_with_the_shared_state(
     assert survivor in served.workers()
 
 
+async def test_while_a_worker_is_down_another_accepts_on_its_socket(
+    make_sim: MakeSim, serve: Callable[..., Awaitable[Served]], tmp_path: Path
+) -> None:
+    """New connections the kernel hands to a dead worker's socket do not wait for its successor:
+    a running worker accepts on it until the successor is back, then stops. (The config is moved
+    away meanwhile, so the successor cannot start until it is put back.)"""
+    import re
+
+    sim = await make_sim(time_scale=1.0)
+    served = await serve([f"127.0.0.1:{sim.port}"], "--workers", "2")
+    config = tmp_path / "prefix-only.yaml"
+    config.rename(tmp_path / "away.yaml")
+    os.kill(served.workers()[0], signal.SIGKILL)
+    pattern = re.compile(r"worker (\d) accepts on worker (\d)'s socket while it is down")
+    await wait_until(lambda: pattern.search(served.log.read_text()) is not None, timeout=30, what="a cover")
+    match = pattern.search(served.log.read_text())
+    assert match is not None
+    cover, down = match.groups()
+    connector = aiohttp.TCPConnector(force_close=True)  # fresh connections: on either socket
+    payload = {"model": "sim-model", "prompt": "hello", "max_tokens": 1}
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        for _ in range(12):
+            async with session.post(served.url + "/v1/completions", json=payload) as r:
+                assert r.status == 200, await r.text()
+                assert r.headers[WORKER_HEADER] == cover
+    (tmp_path / "away.yaml").rename(config)
+    back = f"worker {cover} stops accepting on worker {down}'s socket: it is back"
+    await wait_until(lambda: back in served.log.read_text(), timeout=30, what="the successor")
+
+
 async def test_the_port_cannot_be_bound_twice(
     make_sim: MakeSim, serve: Callable[..., Awaitable[Served]]
 ) -> None:
@@ -506,3 +537,38 @@ async def test_a_decision_first_applies_what_reached_the_link_and_sends_what_it_
     writer.close()
     server.close()
     await server.wait_closed()
+
+
+async def test_a_dead_workers_socket_and_those_it_covered_go_to_running_workers() -> None:
+    """The hub's bookkeeping of covers: worker 0 dies (1 covers it), then 1 dies (2 covers both),
+    then 0 is back (2 lets its socket go)."""
+    import msgpack
+
+    from epick.cli.workers import Supervisor
+
+    class Link:
+        def __init__(self) -> None:
+            self.sent: list[dict[str, object]] = []
+
+        def write(self, data: bytes) -> None:
+            self.sent.append(msgpack.unpackb(data[5:]))
+
+    supervisor = Supervisor([], 3, host="127.0.0.1", port=0, metrics_host="127.0.0.1", metrics_port=None)
+    supervisor.sockets = [object(), object(), object()]  # type: ignore[list-item]
+    links = [Link(), Link(), Link()]
+    for worker, link in zip(supervisor.workers, links, strict=True):
+        worker.writer = link  # type: ignore[assignment]
+    supervisor.workers[0].writer = None
+    supervisor._cover(0)
+    assert supervisor.covered == {0: 1} and links[1].sent == [{"t": "accept", "socket": 0}]
+    supervisor.workers[1].writer = None
+    supervisor._cover(1)
+    assert supervisor.covered == {0: 2, 1: 2}
+    assert links[2].sent == [{"t": "accept", "socket": 1}, {"t": "accept", "socket": 0}]
+    supervisor.workers[0].writer = links[0]  # type: ignore[assignment]
+    supervisor._give_back(0)
+    assert supervisor.covered == {1: 2} and links[2].sent[-1] == {"t": "release", "socket": 0}
+    supervisor.stopping = True
+    supervisor.workers[2].writer = None
+    supervisor._cover(2)  # stopping: nobody takes over
+    assert links[0].sent == []

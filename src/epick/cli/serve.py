@@ -218,7 +218,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-hub", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--proxy-fd", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--proxy-fds", default=None, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
 
@@ -578,7 +578,15 @@ async def _worker_main(options: ServeOptions, args: argparse.Namespace) -> None:
     link = WorkerLink(args.worker_hub, args.worker_index, lambda: service.director.config.plugins)
     await link.connect()  # the shared state first: then serve
     service.director.before_schedule = link.catch_up
-    await service.start(socket.socket(fileno=args.proxy_fd) if args.proxy_fd is not None else None)
+    fds = [int(fd) for fd in args.proxy_fds.split(",")] if args.proxy_fds else []
+    await service.start(socket.socket(fileno=fds[args.worker_index]) if fds else None)
+    if fds and service.proxy is not None:
+        server = service.proxy.server
+        link.serve_sockets(
+            # A socket of its own each time (closed when released): the inherited fd stays open.
+            lambda i: server.accept_also(i, socket.socket(fileno=os.dup(fds[i]))),
+            server.stop_accepting,
+        )
     link.report_metrics(service.metrics_bound_port)
     loop = asyncio.get_running_loop()
     stopped = asyncio.Event()

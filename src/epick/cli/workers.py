@@ -208,6 +208,7 @@ class Supervisor:
         self._held: list[Any] = []  # the gRPC ports' reservations and locks
         self.stopping = False
         self.sockets: list[socket.socket] = []
+        self.covered: dict[int, int] = {}  # a dead worker's proxy socket -> the worker accepting on it
         self._lock: Any = None
         self.hub_path = ""
         self._hub: asyncio.AbstractServer | None = None
@@ -251,9 +252,11 @@ class Supervisor:
                     str(worker.index), "--worker-hub", self.hub_path]  # fmt: skip
             fds: tuple[int, ...] = ()
             if self.sockets:
-                # The supervisor keeps the socket open: connections wait in it while its worker restarts.
-                fds = (self.sockets[worker.index].fileno(),)
-                args += ["--proxy-fd", str(fds[0])]
+                # Every worker gets every socket, and accepts on its own; while a worker is down,
+                # another accepts on its socket too (the hub says which), so no connection waits
+                # for the restart. The supervisor keeps them all open.
+                fds = tuple(s.fileno() for s in self.sockets)
+                args += ["--proxy-fds", ",".join(map(str, fds))]
             worker.process = await asyncio.create_subprocess_exec(*args, pass_fds=fds)
             code = await worker.process.wait()
             if self.stopping:
@@ -307,6 +310,7 @@ class Supervisor:
         peers = [w for w in self.workers if w.writer is not None and w is not worker]
         worker.writer = writer
         worker.unlinked.clear()
+        self._give_back(worker.index)
         if peers:
             peers[0].writer.write(frame({"t": "snapshot?", "for": worker.index}))  # type: ignore[union-attr]
         else:
@@ -337,8 +341,29 @@ class Supervisor:
                 for other in self.workers:
                     if other is not worker and other.writer is not None:
                         other.writer.write(frame({"t": "left", "worker": worker.index}))
+                self._cover(worker.index)
                 worker.unlinked.set()
             writer.close()
+
+    # --- a dead worker's proxy socket, accepted on by another ------------------------------------
+
+    def _cover(self, gone: int) -> None:
+        """Worker `gone` left: its socket, and those it covered, go to a running worker."""
+        if not self.sockets or self.stopping:
+            return
+        running = [w for w in self.workers if w.writer is not None and w.index != gone]
+        for sock in [gone, *(s for s, by in self.covered.items() if by == gone)]:
+            self.covered.pop(sock, None)
+            if running:
+                cover = running[sock % len(running)]
+                self.covered[sock] = cover.index
+                cover.writer.write(frame({"t": "accept", "socket": sock}))  # type: ignore[union-attr]
+
+    def _give_back(self, index: int) -> None:
+        """Worker `index` is back: whoever covered its socket stops accepting on it."""
+        cover = self.covered.pop(index, None)
+        if cover is not None and self.workers[cover].writer is not None:
+            self.workers[cover].writer.write(frame({"t": "release", "socket": index}))  # type: ignore[union-attr]
 
     # --- metrics: the workers' series, merged -------------------------------------------------
 
@@ -424,6 +449,18 @@ class WorkerLink:
         self._early: list[Any] | None = []  # what came before the plugins were attached
         self._replicated: dict[str, Replicated] = {}  # by name, as of the last attach
         self.applied = 0
+        # Other workers' proxy sockets this one is to accept on while they are down: kept until
+        # `serve_sockets` hands them to the running proxy, then passed on as the hub says.
+        self.covering: set[int] = set()
+        self._accept: Any = None  # (socket index) -> None, once serving
+        self._release: Any = None
+
+    def serve_sockets(self, accept: Any, release: Any) -> None:
+        """Once the proxy runs: accept on the sockets the hub gives this worker (`accept(i)`) until
+        it says to stop (`release(i)`), starting with those it gave already."""
+        self._accept, self._release = accept, release
+        for index in sorted(self.covering):
+            accept(index)
 
     async def connect(self, timeout: float = 10.0) -> None:
         """Join the hub and load the running workers' shared state (before this worker serves, so
@@ -579,6 +616,20 @@ class WorkerLink:
         elif kind == "left":
             for plugin in replicated.values():
                 plugin.worker_left(int(message["worker"]))
+        elif kind == "accept":
+            index = int(message["socket"])
+            if index not in self.covering:
+                self.covering.add(index)
+                log.info("worker %d accepts on worker %d's socket while it is down", self.index, index)
+                if self._accept is not None:
+                    self._accept(index)
+        elif kind == "release":
+            index = int(message["socket"])
+            if index in self.covering:
+                self.covering.discard(index)
+                log.info("worker %d stops accepting on worker %d's socket: it is back", self.index, index)
+                if self._release is not None:
+                    self._release(index)
         elif kind == "snapshot?":
             items = {name: p.snapshot() for name, p in replicated.items()}
             self._send(frame({"t": "snapshot", "for": message["for"], "items": items}))

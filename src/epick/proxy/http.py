@@ -359,6 +359,7 @@ class HTTPServer:
         self.max_connections = max_connections
         self.connections: set[_Connection] = set()
         self._server: asyncio.Server | None = None
+        self._adopted: dict[int, asyncio.Future[asyncio.Server]] = {}  # by key: other listening sockets
         self.port = 0
 
     async def start(self, host: str, port: int, *, sock: socket.socket | None = None) -> None:
@@ -371,7 +372,26 @@ class HTTPServer:
             self._server = await loop.create_server(lambda: _Connection(self), host, port, backlog=1024)
         self.port = int(self._server.sockets[0].getsockname()[1])
 
+    def accept_also(self, key: int, sock: socket.socket) -> None:
+        """Accept on another listening socket too, until `stop_accepting(key)` (`epick serve
+        --workers`: a dead worker's socket, whose connections would wait for its successor)."""
+        if key not in self._adopted:
+            loop = asyncio.get_running_loop()
+            started = asyncio.ensure_future(
+                loop.create_server(lambda: _Connection(self), sock=sock, backlog=1024)
+            )
+            started.add_done_callback(_report_failure)
+            self._adopted[key] = started
+
+    def stop_accepting(self, key: int) -> None:
+        """No more connections from `key`'s socket; those accepted from it are served to their end."""
+        adopted = self._adopted.pop(key, None)
+        if adopted is not None:
+            adopted.add_done_callback(_close_server)
+
     async def stop(self) -> None:
+        for key in list(self._adopted):
+            self.stop_accepting(key)
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
@@ -380,6 +400,16 @@ class HTTPServer:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 5)
         self._server = None
+
+
+def _report_failure(started: asyncio.Future[asyncio.Server]) -> None:
+    if not started.cancelled() and started.exception() is not None:
+        log.error("cannot accept on another listening socket: %s", started.exception())
+
+
+def _close_server(started: asyncio.Future[asyncio.Server]) -> None:
+    if not started.cancelled() and started.exception() is None:
+        started.result().close()
 
 
 class _Connection(asyncio.Protocol):
