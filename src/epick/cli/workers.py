@@ -5,7 +5,8 @@ One Python process decides and relays on one core. With N workers:
   proxy's port (SO_REUSEPORT: the kernel spreads new connections over them evenly) and starts N
   worker processes, each accepting on its own. It holds a lock file for the port, so a second epick
   on the same port fails to start, naming the port (as does anything else binding it). It keeps the
-  sockets open: connections wait in a dead worker's socket until its successor accepts them.
+  sockets open and gives every worker all of them: while a worker is down, the hub has a running
+  worker accept on its socket too, until the successor joins.
 - Each worker is a whole `epick serve`: its own data layer (discovery, scrapes, KV events) and its own
   copy of the config. Scheduling state lives in plugins; those that record what decisions did
   implement `epick.framework.replication.Replicated`: the prefix index (`prefix-cache-scorer`,
