@@ -35,6 +35,8 @@ from epick.datalayer.objectives import Objective
 from epick.datalayer.objectives import priorities as objective_priorities
 from epick.datalayer.rewrites import ModelRewrites, Rewrite, RewriteError, for_pool, parse_rewrites
 from epick.datalayer.scraper import ScraperPool
+from epick.datalayer.shared import NAME as SHARED_METRICS
+from epick.datalayer.shared import SharedMetrics
 from epick.extproc.server import ExtProcOptions, ExtProcServer
 from epick.extproc.tls import TlsFileError
 from epick.plugins.duration import parse_duration
@@ -575,7 +577,12 @@ async def _worker_main(options: ServeOptions, args: argparse.Namespace) -> None:
         options, metrics_port=0, metrics_host="127.0.0.1", proxy=proxy, extproc=extproc
     )
     service = Service(options)
-    link = WorkerLink(args.worker_hub, args.worker_index, lambda: service.director.config.plugins)
+    link = WorkerLink(
+        args.worker_hub,
+        args.worker_index,
+        lambda: service.director.config.plugins,
+        shared={SHARED_METRICS: SharedMetrics(service.datastore)},
+    )
     await link.connect()  # the shared state first: then serve
     service.director.before_schedule = link.catch_up
     fds = [int(fd) for fd in args.proxy_fds.split(",")] if args.proxy_fds else []

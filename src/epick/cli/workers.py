@@ -12,11 +12,13 @@ One Python process decides and relays on one core. With N workers:
   implement `epick.framework.replication.Replicated`: the prefix index (`prefix-cache-scorer`,
   `approx-prefix-cache-producer`), the requests and tokens in flight (`inflight-load-producer`, which
   `active-request-scorer`, `token-load-scorer`, `concurrency-detector` and the affinity and
-  utilization filters read) and `no-hit-lru-scorer`'s order. What one worker records, it publishes
+  utilization filters read), `no-hit-lru-scorer`'s order, and the endpoints' scraped metrics
+  (`epick.datalayer.shared`: the freshest scrape of any worker). What one worker records, it publishes
   to the supervisor's hub, which forwards it to every other worker (msgpack frames over a Unix
   socket), so each worker decides on every worker's decisions, the few hundred microseconds an
   update travels aside. Other stateful plugins keep their state per worker (`worker_state`; a warning
-  names them), and flow control, whose queues cannot be split, is refused.
+  names them); flow control, whose queues cannot be split, is refused with `--workers` above 1. Where
+  either would split the service, the default count (`default_workers`) is one.
 - A worker that dies is started again (after 0.5 s, doubling to 8 s while it keeps dying). The hub
   forwards what it had published, then tells the others it left (its requests in flight ended with
   its connections, which are reset: their clients see the error). The new one loads a snapshot of a
@@ -69,12 +71,13 @@ def frame(message: dict[str, Any]) -> bytes:
 
 
 async def read_raw_frame(reader: asyncio.StreamReader) -> tuple[int, bytes, bytes] | None:
-    """(kind, the whole frame, its payload), or None at the end of the stream."""
+    """(kind, the whole frame, its payload), or None at the end of the stream (a worker that exits
+    may reset its link rather than close it)."""
     try:
         head = await reader.readexactly(_HEAD.size)
         length, kind = _HEAD.unpack(head)
         payload = await reader.readexactly(length)
-    except asyncio.IncompleteReadError:
+    except (asyncio.IncompleteReadError, ConnectionError):
         return None
     return kind, head + payload, payload
 
@@ -437,10 +440,13 @@ class WorkerLink:
     turn of the loop still sees the updates that reached the socket meanwhile, and sends its own
     before the next decision rather than at the end of the turn."""
 
-    def __init__(self, hub_path: str, index: int, plugins: Any) -> None:
+    def __init__(
+        self, hub_path: str, index: int, plugins: Any, shared: Mapping[str, Replicated] | None = None
+    ) -> None:
         self.hub_path = hub_path
         self.index = index
         self.plugins = plugins  # () -> Mapping[str, Plugin]: the running config's plugins
+        self.shared = dict(shared or {})  # replicated state outside the config (endpoint metrics)
         self._sock: socket.socket | None = None
         self._in = bytearray()
         self._out = bytearray()  # what the socket did not take yet
@@ -492,8 +498,8 @@ class WorkerLink:
     def attach(self) -> None:
         """(Again, after a config reload) hand every replicated plugin its publisher."""
         self._replicated = {}
-        for name, plugin in self.plugins().items():
-            if isinstance(plugin, Replicated):
+        for name, plugin in [*self.shared.items(), *self.plugins().items()]:
+            if isinstance(plugin, Replicated) and name not in self._replicated:
                 plugin.replicate(self._publisher(name), self.index)
                 self._replicated[name] = plugin
         unshared = unshared_plugins(self.plugins())

@@ -43,6 +43,8 @@ class Datastore:
         self._version = 0  # of the last snapshot built
         self._listeners: list[Listener] = []
         self._unhealthy: set[str] = set()
+        # Told of every scrape's metrics as they land (`epick serve --workers` shares them).
+        self.on_metrics: Callable[[str, Metrics], None] | None = None
 
     def subscribe(self, listener: Listener) -> None:
         """Called with (name, spec) when an endpoint appears or changes, (name, None) when it goes."""
@@ -94,6 +96,21 @@ class Datastore:
             return  # removed while its scrape was in flight
         self._endpoints[name] = current.with_metrics(metrics)
         self._snapshot = None
+        if self.on_metrics is not None:
+            self.on_metrics(name, metrics)
+
+    def offer_metrics(self, name: str, metrics: Metrics) -> bool:
+        """Metrics scraped elsewhere (another worker): taken when newer than the endpoint's own
+        (`update_time`), else dropped. Whether they were taken."""
+        current = self._endpoints.get(name)
+        if current is None or metrics.update_time is None:
+            return False
+        own = current.metrics.update_time
+        if own is not None and own >= metrics.update_time:
+            return False
+        self._endpoints[name] = current.with_metrics(metrics)
+        self._snapshot = None
+        return True
 
     def update_attributes(self, name: str, attributes: Mapping[str, object]) -> None:
         """Merge `attributes` (data key -> value; None removes the key) into the endpoint's."""
