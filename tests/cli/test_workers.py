@@ -502,12 +502,10 @@ def test_serve_runs_the_default_workers_and_says_why(
         assert "serving with" not in caplog.text
 
 
-async def test_a_decision_first_applies_what_reached_the_link_and_sends_what_it_recorded(
-    tmp_path: Path,
-) -> None:
+async def test_a_decision_first_applies_what_reached_the_link(tmp_path: Path) -> None:
     """`catch_up` (called before each scheduling) reads the hub's socket without waiting for the
     event loop: a burst of requests decided in one turn of the loop sees the other workers'
-    decisions that arrived meanwhile, and its own leave before the next decision."""
+    decisions that arrived meanwhile. Its own leave together at the end of the turn."""
     hub: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Future()
 
     async def serve_hub(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -526,12 +524,11 @@ async def test_a_decision_first_applies_what_reached_the_link_and_sends_what_it_
     link.catch_up()
     assert scorer.index.match([5, 6]) == {"ep-0": 2}
     scorer.index.add("ep-1", [9])
-    link.catch_up()  # sent now, not at the end of the loop's turn
-    assert link._outbox == []
+    scorer.index.add("ep-2", [10])
     assert await read_frame(reader) == {
         "t": "u",
         "from": 1,
-        "items": [["prefix-cache-scorer", ["ep-1", [9]]]],
+        "items": [["prefix-cache-scorer", ["ep-1", [9]]], ["prefix-cache-scorer", ["ep-2", [10]]]],
     }
     await link.stop()
     writer.close()
