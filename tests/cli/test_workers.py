@@ -495,7 +495,7 @@ def test_serve_runs_the_default_workers_and_says_why(
     monkeypatch.setattr(serve, "cores_available", lambda: 3)
     args = build_parser().parse_args(["serve", "--endpoints", "127.0.0.1:1", *argv])
     with caplog.at_level("INFO", logger="epick.serve"):
-        assert serve._workers(args, serve.options_from(args)) == expected
+        assert serve._workers(args, serve.options_from(args))[0] == expected
     if why is not None:
         assert f"serving with {expected} worker process" in caplog.text and why in caplog.text
     else:

@@ -532,8 +532,8 @@ class Service:
         )
 
 
-async def _main(options: ServeOptions) -> None:
-    service = Service(options)
+async def _main(options: ServeOptions, config: LoadedConfig | None = None) -> None:
+    service = Service(options, config)
     await service.start()
     loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError):
@@ -627,10 +627,15 @@ def _serve_args(argv: list[str]) -> list[str]:
     return out
 
 
+def _grpc_ports_fixed(options: ServeOptions) -> bool:
+    """Whether ext_proc's ports can be shared by workers: no ext_proc, or neither port 0."""
+    return options.extproc is None or 0 not in (options.extproc.port, options.extproc.health_port)
+
+
 def _supervise(args: argparse.Namespace, options: ServeOptions, workers: int) -> Supervisor:
     if options.proxy is None and options.extproc is None:
         raise ValueError("--workers above 1 needs the proxy or ext_proc to serve")
-    if options.extproc is not None and 0 in (options.extproc.port, options.extproc.health_port):
+    if not _grpc_ports_fixed(options):
         raise ValueError("--workers above 1 shares the gRPC ports between workers: give them fixed (not 0)")
     return Supervisor(
         _serve_args(args.argv),
@@ -643,27 +648,27 @@ def _supervise(args: argparse.Namespace, options: ServeOptions, workers: int) ->
     )
 
 
-def _workers(args: argparse.Namespace, options: ServeOptions) -> int:
-    """How many worker processes to run: `--workers` as given (flow control refused above 1), or
-    the default chosen from the cores and the config (logged with its reason). 0 means refused."""
+def _workers(args: argparse.Namespace, options: ServeOptions) -> tuple[int, LoadedConfig | None]:
+    """How many worker processes to run, and the config when it was loaded to decide (a single
+    process serves it, not loading it twice): `--workers` as given (flow control refused above 1),
+    or the default chosen from the cores and the config (logged with its reason). 0 means refused."""
     if args.workers == 1 or (args.workers is None and options.proxy is None and options.extproc is None):
-        return 1
+        return 1, None
     config = load_config(options.config_file, seed=options.seed)  # checked once, here
     if args.workers is None:
-        extproc = options.extproc
         count, reason = default_workers(
             cores_available(),
             config.plugins,
             flow_control=config.flow_control is not None,
-            grpc_ports_fixed=extproc is None or 0 not in (extproc.port, extproc.health_port),
+            grpc_ports_fixed=_grpc_ports_fixed(options),
         )
         log.info("serving with %d worker process%s: %s", count, "es" if count > 1 else "", reason)
-        return count
+        return count, config
     if args.workers > 1 and config.flow_control is not None:
         print("epick serve: flow control cannot run with --workers above 1: its queues are "
               "one process's (run with --workers 1)", file=sys.stderr)  # fmt: skip
-        return 0
-    return int(args.workers)
+        return 0, None
+    return int(args.workers), config
 
 
 def run(args: argparse.Namespace) -> int:
@@ -679,13 +684,13 @@ def run(args: argparse.Namespace) -> int:
             if args.worker_hub is not None:
                 uvloop.run(_worker_main(options, args))
                 return 0
-            workers = _workers(args, options)
+            workers, config = _workers(args, options)
             if workers == 0:
                 return 2
             if workers > 1:
                 uvloop.run(_supervise(args, options, workers).run())
             else:
-                uvloop.run(_main(options))
+                uvloop.run(_main(options, config))
     except ConfigError as e:
         for issue in e.issues:
             print(issue.render(e.source), file=sys.stderr)

@@ -43,7 +43,7 @@ import socket
 import struct
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -458,10 +458,10 @@ class WorkerLink:
         # Other workers' proxy sockets this one is to accept on while they are down: kept until
         # `serve_sockets` hands them to the running proxy, then passed on as the hub says.
         self.covering: set[int] = set()
-        self._accept: Any = None  # (socket index) -> None, once serving
-        self._release: Any = None
+        self._accept: Callable[[int], None] | None = None  # by socket index, once serving
+        self._release: Callable[[int], None] | None = None
 
-    def serve_sockets(self, accept: Any, release: Any) -> None:
+    def serve_sockets(self, accept: Callable[[int], None], release: Callable[[int], None]) -> None:
         """Once the proxy runs: accept on the sockets the hub gives this worker (`accept(i)`) until
         it says to stop (`release(i)`), starting with those it gave already."""
         self._accept, self._release = accept, release
