@@ -343,6 +343,7 @@ class Connection(asyncio.Protocol):
         calls, self.calls = self.calls, {}
         for call in calls.values():
             self._cancel(call)
+            call.handler = None
         self.blocked.clear()
 
     def data_received(self, data: bytes) -> None:
@@ -409,6 +410,9 @@ class Connection(asyncio.Protocol):
         if self.calls.pop(call.id, None) is not None:
             self.server.open_calls -= 1
         self.blocked.discard(call)
+        # A handler usually holds its call: without this cycle both go by reference counting, at once,
+        # instead of waiting (with all they reference) for a pass of the cyclic collector.
+        call.handler = None
         if self.going_away and not self.calls and self.transport is not None:
             self.flush()
             self.transport.close()
