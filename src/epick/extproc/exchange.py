@@ -267,48 +267,27 @@ class Exchange:
         self, decision: Decision, received: bytes, *, phase: str, more: bool
     ) -> list[pb.ProcessingResponse]:
         self.decision = decision
-        metadata = messages.destinations(decision)
         if phase == "headers":
-            common = messages.routing(decision, content_length=None)
-            return [
-                self._override(
-                    pb.ProcessingResponse(
-                        request_headers=pb.HeadersResponse(response=common), dynamic_metadata=metadata
-                    )
-                )
-            ]
+            return [self._override(_routed_headers(decision, content_length=None))]
         rewritten = decision.body != received
         if self.modes.request_body == FULL_DUPLEX_STREAMED:
-            headers = messages.routing(decision, content_length=len(decision.body))
             return [
-                pb.ProcessingResponse(
-                    request_headers=pb.HeadersResponse(response=headers), dynamic_metadata=metadata
-                ),
-                *(
-                    pb.ProcessingResponse(request_body=pb.BodyResponse(response=chunk))
-                    for chunk in messages.streamed_chunks(decision.body, end_of_stream=not more)
-                ),
+                _routed_headers(decision, content_length=len(decision.body)),
+                *messages.streamed_body("request_body", decision.body, end_of_stream=not more),
             ]
         answers: list[pb.ProcessingResponse] = []
         length = len(decision.body) if rewritten else None
+        last = pb.ProcessingResponse()
         if self.modes.headers_wait_for_body:
-            routing = messages.routing(decision, content_length=length)
-            answers.append(
-                pb.ProcessingResponse(
-                    request_headers=pb.HeadersResponse(response=routing), dynamic_metadata=metadata
-                )
-            )
+            answers.append(_routed_headers(decision, content_length=length))
             answers.extend(_emptied_chunk() for _ in range(self.unanswered_chunks))
-            last = pb.CommonResponse()
-            last_metadata = None
+            last.request_body.response.SetInParent()
         else:
-            last = messages.routing(decision, content_length=length)
-            last_metadata = metadata
+            messages.route(last.request_body.response, decision, content_length=length)
+            messages.put_destinations(last.dynamic_metadata, decision)
         if rewritten or self.chunks > 1:
-            last.body_mutation.body = decision.body
-        answers.append(
-            pb.ProcessingResponse(request_body=pb.BodyResponse(response=last), dynamic_metadata=last_metadata)
-        )
+            last.request_body.response.body_mutation.body = decision.body
+        answers.append(last)
         return answers
 
     # Asking for less of the response.
@@ -381,10 +360,9 @@ class Exchange:
             if message.end_of_stream:
                 completed = self._complete(None)
         if self.modes.response_body == FULL_DUPLEX_STREAMED:
-            answers = [
-                pb.ProcessingResponse(response_body=pb.BodyResponse(response=chunk))
-                for chunk in messages.streamed_chunks(message.body, end_of_stream=message.end_of_stream)
-            ]
+            answers = messages.streamed_body(
+                "response_body", message.body, end_of_stream=message.end_of_stream
+            )
         else:
             answers = [pb.ProcessingResponse(response_body=pb.BodyResponse())]
         if completed:
@@ -424,6 +402,14 @@ class Exchange:
             self._complete(None)
         else:
             self._complete("stream ended before the response did")
+
+
+def _routed_headers(decision: Decision, *, content_length: int | None) -> pb.ProcessingResponse:
+    """The answer to the request headers that carries the routing, and the destinations' metadata."""
+    answer = pb.ProcessingResponse()
+    messages.route(answer.request_headers.response, decision, content_length=content_length)
+    messages.put_destinations(answer.dynamic_metadata, decision)
+    return answer
 
 
 def _emptied_chunk() -> pb.ProcessingResponse:
