@@ -8,6 +8,9 @@ front once per round, medians over rounds), and every figure also as a ratio wit
 - CPU per request: the front's own processes (user + system time over the run / requests);
 - latency p50 and p99 at 64 connections, and p99 / p50;
 - added latency at one connection: p50 through the front minus p50 straight to a backend.
+Only the front measured runs: the others are stopped (SIGSTOP) meanwhile, so their scrapers and
+health checks take nothing from it. Each run also records how busy the machine was and what the load
+generator (wrk and nginx) took, which bounds what `--workers 2` can gain on a machine this small.
 
 Needs `wrk` and `nginx` on PATH (Debian: apt-get install wrk nginx-light); vllm-router rows need
 the `vllm-router` package (pip install -e '.[bench]'). What is missing is skipped, and said.
@@ -20,7 +23,9 @@ import contextlib
 import json
 import os
 import re
+import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -206,6 +211,9 @@ class Run:
     p99: float
     requests: int
     cpu: float  # CPU seconds of the front's processes over the run
+    seconds: float = 0.0  # the run's wall time
+    busy: float = 0.0  # CPU seconds the whole machine spent over the run (all processes)
+    load: float = 0.0  # CPU seconds of the load generator: wrk, and the nginx backends when given
 
 
 @dataclass
@@ -246,8 +254,26 @@ def _duration(text: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
-def wrk(url: str, script: Path, connections: int, seconds: float, pids: list[int]) -> Run:
+def machine_busy() -> float:
+    """CPU seconds the machine has spent outside idle and iowait since boot (/proc/stat)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def wrk(
+    url: str, script: Path, connections: int, seconds: float, pids: list[int], *, backends: int | None = None
+) -> Run:
+    """One wrk run against `url`; `pids` are the front's processes, `backends` nginx's pid (its CPU
+    counted as load)."""
     before = cpu_seconds(pids)
+    nginx = [backends] if backends is not None else []
+    load_before, busy_before, started = cpu_seconds(nginx) + _children_cpu(), machine_busy(), time.monotonic()
     out = subprocess.run(
         ["wrk", "-t1", f"-c{connections}", f"-d{round(seconds)}s", "--latency", "-s", str(script), url],
         capture_output=True,
@@ -255,6 +281,8 @@ def wrk(url: str, script: Path, connections: int, seconds: float, pids: list[int
         check=True,
     ).stdout
     cpu = cpu_seconds(pids) - before
+    wall, busy = time.monotonic() - started, machine_busy() - busy_before
+    load = cpu_seconds(nginx) + _children_cpu() - load_before
     requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     p50 = _duration(re.search(r"\s50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
@@ -262,7 +290,7 @@ def wrk(url: str, script: Path, connections: int, seconds: float, pids: list[int
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     if errors:
         raise RuntimeError(f"{url}: {errors.group(1)} responses were errors")
-    return Run(rps, p50, p99, requests, cpu)
+    return Run(rps, p50, p99, requests, cpu, wall, busy, load)
 
 
 def run_parser(doc: str | None) -> argparse.ArgumentParser:
@@ -299,31 +327,70 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp_name, contextlib.ExitStack() as stack:
         tmp = Path(tmp_name)
-        script, backends = static_backends(stack, tmp)
+        script, backends, nginx = static_backends(stack, tmp)
         fronts = [Front("direct (nginx)", f"http://{backends[0]}")]
         fronts += start_fronts(stack, tmp, backends, args, console)
         time.sleep(1.0)  # scrapers have read every backend
         for front in fronts:  # warm-up: connection pools, caches, first paths
             wrk(front.url, script, 64, 1.0, front.pids)
-        for _ in range(args.rounds):
-            for front in fronts:
-                front.runs.append(wrk(front.url, script, 64, args.seconds, front.pids))
-                single = wrk(front.url, script, 1, max(1, round(args.seconds / 2)), front.pids)
-                front.single.append(single.p50)
+        with stopped([f.pids for f in fronts]) as paused:
+            for _ in range(args.rounds):
+                for front in fronts:
+                    with running(front.pids, paused):
+                        run = wrk(front.url, script, 64, args.seconds, front.pids, backends=nginx)
+                        front.runs.append(run)
+                        single = wrk(front.url, script, 1, max(1, round(args.seconds / 2)), front.pids)
+                        front.single.append(single.p50)
     report(console, fronts, args)
 
 
-def static_backends(stack: contextlib.ExitStack, tmp: Path) -> tuple[Path, list[str]]:
-    """wrk's script in `tmp`, and the static backends (one nginx on BACKENDS ports) answering, their
-    host:port; nginx stops with `stack`."""
+SETTLE = 0.5  # after a front resumes: its scrapers read the backends again, its timers catch up
+
+
+@contextlib.contextmanager
+def stopped(groups: list[list[int]]) -> Iterator[set[int]]:
+    """Every process of these fronts (and their descendants) stopped for the duration, and continued
+    after it whatever happens; yields the set of stopped pids, which `running` takes from."""
+    paused = {pid for pids in groups for root in pids for pid in _family(root)}
+    try:
+        for pid in paused:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        yield paused
+    finally:
+        for pid in paused:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+@contextlib.contextmanager
+def running(pids: list[int], paused: set[int]) -> Iterator[None]:
+    """One front's processes continued for the duration (of those `stopped` paused), then stopped again."""
+    family = [pid for root in pids for pid in _family(root) if pid in paused]
+    for pid in family:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    if family:
+        time.sleep(SETTLE)
+    try:
+        yield
+    finally:
+        for pid in family:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+
+
+def static_backends(stack: contextlib.ExitStack, tmp: Path) -> tuple[Path, list[str], int]:
+    """wrk's script in `tmp`, and the static backends (one nginx on BACKENDS ports) answering: their
+    host:port and nginx's pid; nginx stops with `stack`."""
     script = tmp / "chat.lua"
     script.write_text(WRK_SCRIPT.substitute(prefixes=PREFIXES))
     ports = free_ports(BACKENDS)
     backends = [f"127.0.0.1:{p}" for p in ports]
-    stack.enter_context(process(["nginx", "-c", str(nginx_config(tmp, ports))]))
+    nginx = stack.enter_context(process(["nginx", "-c", str(nginx_config(tmp, ports))]))
     for b in backends:
         wait_http(f"http://{b}/metrics")
-    return script, backends
+    return script, backends, nginx.pid
 
 
 def start_fronts(
@@ -430,10 +497,34 @@ def report(console: Console, fronts: list[Front], args: argparse.Namespace) -> N
             f"{added:+,.0f}" if f is not direct else "0",
         )
     console.print(t)
-    by_name = {f.name: med([r.rps for r in f.runs]) for f in fronts if f.runs}
+    by_name = {f.name: f for f in fronts if f.runs}
     one, two = by_name.get("epick proxy default"), by_name.get("epick proxy default (2 workers)")
     if one and two:
-        console.print(f"--workers 2 against one worker (default config): {two / one:.2f}× the requests/s")
+        console.print(workers_line(one, two))
+
+
+def workers_line(one: Front, two: Front) -> str:
+    """`--workers 2` against one worker, and what this machine leaves the workers: its cores less what
+    the load generator and everything else took during the two-worker runs, over the cores one
+    worker used (the most two workers could serve, each core as productive as one worker's)."""
+
+    def med(values: list[float]) -> float:
+        return statistics.median(values)
+
+    cores = len(os.sched_getaffinity(0))
+    rps1, rps2 = med([r.rps for r in one.runs]), med([r.rps for r in two.runs])
+    used1 = med([r.cpu / r.seconds for r in one.runs])
+    used2 = med([r.cpu / r.seconds for r in two.runs])
+    load2 = med([r.load / r.seconds for r in two.runs])
+    rest2 = med([max(0.0, r.busy - r.cpu - r.load) / r.seconds for r in two.runs])
+    free = cores - load2 - rest2
+    return (
+        f"--workers 2 against one worker (default config): {rps2 / rps1:.2f}× the requests/s. "
+        f"One worker used {used1:.2f} cores; during the two-worker runs the load generator "
+        f"(wrk + nginx) took {load2:.2f} and everything else {rest2:.2f} of this machine's {cores}, "
+        f"leaving {free:.2f} for the workers (they used {used2:.2f}): at most {free / used1:.2f}× here. "
+        f"Per core used, two workers served {(rps2 / used2) / (rps1 / used1):.2f}× what one did."
+    )
 
 
 if __name__ == "__main__":

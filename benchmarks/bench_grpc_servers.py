@@ -323,7 +323,7 @@ def main() -> None:
             stacks.append(Stack(name))
     with tempfile.TemporaryDirectory() as tmp_name, contextlib.ExitStack() as ctx:
         tmp = Path(tmp_name)
-        script, backends = static_backends(ctx, tmp)
+        script, backends, _ = static_backends(ctx, tmp)
         direct = Stack("direct (nginx)", f"http://{backends[0]}")
         for stack in stacks:
             start(stack, ctx, tmp, backends, envoy)

@@ -293,7 +293,7 @@ def main() -> None:
             pairs.append(Pair(server, client))
     with tempfile.TemporaryDirectory() as tmp_name, contextlib.ExitStack() as stack:
         tmp = Path(tmp_name)
-        script, backends = static_backends(stack, tmp)
+        script, backends, _ = static_backends(stack, tmp)
         direct = Pair("direct (nginx)", "–", f"http://{backends[0]}")
         body = b'{"model":"sim-model","messages":[{"role":"user","content":"hi"}]}'
         for pair in pairs:
