@@ -34,6 +34,7 @@ from urllib.parse import unquote
 
 import httptools
 
+from epick.proxy.deadlines import Deadline, Deadlines
 from epick.requestcontrol.errors import RequestError
 
 log = logging.getLogger(__name__)
@@ -356,6 +357,7 @@ class HTTPServer:
         self.max_body_bytes = max_body_bytes
         self.head_timeout = head_timeout
         self.keepalive_timeout = keepalive_timeout
+        self.idle_deadlines = Deadlines(keepalive_timeout)  # one per kept-alive connection between requests
         self.max_connections = max_connections
         self.connections: set[_Connection] = set()
         self._server: asyncio.Server | None = None
@@ -427,7 +429,7 @@ class _Connection(asyncio.Protocol):
         self._parsing: Request | None = None  # the request whose body is arriving
         self._in_head = False  # between a request's first byte and the end of its headers
         self._head_deadline: asyncio.TimerHandle | None = None
-        self._idle: asyncio.TimerHandle | None = None
+        self._idle: Deadline | None = None
         self._writable: asyncio.Future[None] | None = None
         self._paused = False
 
@@ -661,7 +663,7 @@ class _Connection(asyncio.Protocol):
 
     def _arm_idle(self) -> None:
         if self._idle is None and not self.closed:
-            self._idle = asyncio.get_running_loop().call_later(self.server.keepalive_timeout, self._idle_out)
+            self._idle = self.server.idle_deadlines.set(self._idle_out)
 
     def _disarm_idle(self) -> None:
         if self._idle is not None:

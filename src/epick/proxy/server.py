@@ -29,6 +29,7 @@ from epick.datalayer.datastore import Datastore
 from epick.datalayer.health import EndpointHealth
 from epick.datalayer.models import ModelCatalog
 from epick.framework import Endpoint, Response
+from epick.proxy.deadlines import Deadlines, Scope
 from epick.proxy.http import BodyDecodeError, BodyTooLargeError, HTTPServer, Reply, Request
 from epick.proxy.upstream import Timeouts, UpstreamError, UpstreamResponse, Upstreams
 from epick.requestcontrol import errors
@@ -114,6 +115,9 @@ class Proxy:
         self.options = options
         self.port = options.port
         self.upstreams = Upstreams(Timeouts(connect=options.connect_timeout, read=options.read_timeout))
+        self._body_deadlines = Deadlines(options.body_timeout)
+        self._first_byte_deadlines = Deadlines(options.first_byte_timeout)
+        self._request_deadlines = Deadlines(options.request_timeout)
         self.server = HTTPServer(
             self._serve,
             max_body_bytes=options.max_body_bytes,
@@ -159,8 +163,11 @@ class Proxy:
 
     async def _handle(self, http: Request, reply: Reply) -> None:
         try:
-            async with asyncio.timeout(self.options.body_timeout):
+            if http.body_complete:
                 body = await http.read()  # decoded when the client sent Content-Encoding
+            else:
+                with self._body_deadlines.scope():
+                    body = await http.read()
         except BodyTooLargeError:
             # The rest of the body is never read: the connection cannot carry another request.
             reply.error(errors.too_large(None, self.options.max_body_bytes), close=True)
@@ -181,9 +188,10 @@ class Proxy:
         except RequestError as e:
             reply.error(e)
             return
-        state = _Request(deadline=asyncio.get_running_loop().time() + self.options.request_timeout)
+        deadline = self._request_deadlines.scope()
+        state = _Request(deadline)
         try:
-            async with asyncio.timeout_at(state.deadline):
+            with deadline:
                 if decision.eviction is not None:
                     await self._evictable(http, reply, decision, state)
                 else:
@@ -290,7 +298,7 @@ class Proxy:
         response = Response(d.request.request_id, streaming=d.request.body.stream)
         first_byte = self.options.first_byte_timeout
         try:
-            async with asyncio.timeout(first_byte):
+            with self._first_byte_deadlines.scope():
                 upstream = await self.upstreams.request(
                     endpoint.address, endpoint.port, path, headers=headers.items(), body=d.body
                 )
@@ -389,7 +397,7 @@ class Proxy:
             which = f"upstream {endpoint.name}" if self.options.expose_endpoint else "the model server"
             await _end_with_error(reply, f"{which} failed mid-response")
         except (ConnectionResetError, asyncio.CancelledError):
-            past_deadline = asyncio.get_running_loop().time() >= state.deadline
+            past_deadline = state.deadline.expired
             response.error = "request deadline passed" if past_deadline else "client disconnected"
             raise
         finally:
@@ -404,9 +412,9 @@ class Proxy:
 
 @dataclass(slots=True)
 class _Request:
-    """One client request across its attempts: its deadline (event-loop time)."""
+    """One client request across its attempts: its deadline."""
 
-    deadline: float
+    deadline: Scope
 
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")

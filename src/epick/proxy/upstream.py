@@ -32,6 +32,8 @@ from typing import cast
 
 import httptools
 
+from epick.proxy.deadlines import Deadlines
+
 HIGH_WATER = 256 * 1024  # body bytes buffered unread before reading pauses
 IDLE_PER_SERVER = 256  # idle connections kept per server; more are closed once their response is read
 # An idle connection older than this is not reused: servers close theirs (uvicorn, vLLM's server,
@@ -156,8 +158,8 @@ class _Connection(asyncio.Protocol):
         self.transport.write(data)
         return self.head
 
-    async def next_chunk(self, read_timeout: float) -> bytes | None:
-        """The next piece of body, None at its end."""
+    async def next_chunk(self, silence: Deadlines) -> bytes | None:
+        """The next piece of body, None at its end; TimeoutError when none comes within `silence`."""
         while not self.body:
             if self.complete:
                 return None
@@ -165,7 +167,7 @@ class _Connection(asyncio.Protocol):
                 raise self.lost
             self.waiter = asyncio.get_running_loop().create_future()
             try:
-                async with asyncio.timeout(read_timeout):
+                with silence.scope():
                     await self.waiter
             finally:
                 self.waiter = None
@@ -191,11 +193,11 @@ class _Connection(asyncio.Protocol):
 class UpstreamResponse:
     """A response whose head has arrived; its body is read with `read` or `chunks`, then `release`."""
 
-    __slots__ = ("_conn", "_done", "_timeout", "headers", "status")
+    __slots__ = ("_conn", "_done", "_silence", "headers", "status")
 
-    def __init__(self, conn: _Connection, read_timeout: float) -> None:
+    def __init__(self, conn: _Connection, silence: Deadlines) -> None:
         self._conn = conn
-        self._timeout = read_timeout
+        self._silence = silence
         self._done = False
         self.status = conn.status
         self.headers = conn.headers  # (name, value) pairs as received
@@ -206,7 +208,7 @@ class UpstreamResponse:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         conn = self._conn
-        while (chunk := await conn.next_chunk(self._timeout)) is not None:
+        while (chunk := await conn.next_chunk(self._silence)) is not None:
             if chunk:
                 yield chunk
 
@@ -227,6 +229,7 @@ class Upstreams:
 
     def __init__(self, timeouts: Timeouts | None = None) -> None:
         self.timeouts = timeouts or Timeouts()
+        self._silences = Deadlines(self.timeouts.read)  # between two chunks of a response
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
         self._open: set[_Connection] = set()
         self.opened = 0  # connections opened (for tests and benchmarks)
@@ -256,7 +259,7 @@ class Upstreams:
             except BaseException:
                 conn.close()  # cancelled or timed out waiting for the head: the connection is spent
                 raise
-            return UpstreamResponse(conn, self.timeouts.read)
+            return UpstreamResponse(conn, self._silences)
 
     async def _acquire(self, key: tuple[str, int]) -> tuple[_Connection, bool]:
         loop = asyncio.get_running_loop()
