@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
-from epick.framework import BadRequestError, InferenceRequest
+from epick.framework import BadRequestError, InferenceRequest, RequestBody, new_request_id
 
 
 def test_completion_request() -> None:
@@ -73,3 +74,29 @@ def test_prompt_forms() -> None:
 def test_bad_bodies_are_named(body: object, message: str) -> None:
     with pytest.raises(BadRequestError, match=message):
         InferenceRequest.from_openai(body)  # type: ignore[arg-type]
+
+
+def test_request_ids_are_32_hex_digits_and_distinct() -> None:
+    ids = [new_request_id() for _ in range(10_000)]
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    assert len(set(ids)) == len(ids)
+    request = InferenceRequest("m", RequestBody(kind="completion"))
+    assert len(request.request_id) == 32 and request.request_id not in ids
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_process_does_not_repeat_its_parents_request_ids() -> None:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, to the parent
+        try:
+            os.write(write, ",".join(new_request_id() for _ in range(3)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as f:
+        child = set(f.read().split(","))
+    parent = {new_request_id() for _ in range(3)}
+    assert len(child) == 3
+    assert not child & parent

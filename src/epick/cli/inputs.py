@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from epick.config import LoadedConfig
-from epick.framework import ROLE_LABEL, BadRequestError, Endpoint, InferenceRequest, Metrics
+from epick.framework import ROLE_LABEL, BadRequestError, Endpoint, InferenceRequest, Metrics, new_request_id
 
 
 class InputError(Exception):
@@ -147,7 +146,7 @@ def parse_request(
     return InferenceRequest(
         target_model=parsed.model,
         body=parsed.body,
-        request_id=request_id or uuid.uuid4().hex,
+        request_id=request_id or new_request_id(),
         headers=headers,
         objective=headers.get("x-gateway-inference-objective", ""),
         size=len(body),

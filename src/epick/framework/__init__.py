@@ -29,7 +29,13 @@ from epick.framework.parsing import ParsedRequest, Parser, ParserSet, merge_usag
 from epick.framework.plugin import NamedPlugin, Plugin, TypedName, state_key
 from epick.framework.profile import SchedulerProfile, WeightedScorer
 from epick.framework.reads import Reads, depends_on_metrics_alone, reads_of
-from epick.framework.request import BadRequestError, ChatMessage, InferenceRequest, RequestBody
+from epick.framework.request import (
+    BadRequestError,
+    ChatMessage,
+    InferenceRequest,
+    RequestBody,
+    new_request_id,
+)
 from epick.framework.response import Response, Usage
 from epick.framework.results import (
     ProfileRunResult,
@@ -95,6 +101,7 @@ __all__ = [
     "WeightedScorer",
     "depends_on_metrics_alone",
     "merge_usage",
+    "new_request_id",
     "reads_of",
     "split_scored",
     "state_key",

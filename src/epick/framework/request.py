@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import itertools
-import uuid
+import os
+import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -20,6 +21,19 @@ CHARS_PER_TOKEN = 4
 RequestKind = Literal[
     "completion", "chat", "responses", "conversations", "embeddings", "images", "messages", "generate", "raw"
 ]
+
+
+# Request ids: 128 bits from a generator seeded from the OS, spelt as uuid4().hex is. uuid4 reads
+# os.urandom, a getrandom system call per request (4% of the proxy's CPU under load); ids need to be
+# unique, not secret (clients may send their own). Reseeded in a forked child, so no two processes
+# share the sequence.
+_IDS = random.Random()
+os.register_at_fork(after_in_child=_IDS.seed)
+
+
+def new_request_id() -> str:
+    """A fresh request id: 32 hex digits."""
+    return f"{_IDS.getrandbits(128):032x}"
 
 
 class BadRequestError(ValueError):
@@ -122,7 +136,7 @@ class InferenceRequest:
 
     target_model: str
     body: RequestBody
-    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    request_id: str = field(default_factory=new_request_id)
     headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names
     priority: int = 0  # < 0: sheddable
     objective: str = ""  # the InferenceObjective named by x-gateway-inference-objective
@@ -162,7 +176,7 @@ class InferenceRequest:
         return cls(
             target_model=model,
             body=body,
-            request_id=request_id or uuid.uuid4().hex,
+            request_id=request_id or new_request_id(),
             headers=hdrs,
             priority=priority,
             objective=hdrs.get("x-gateway-inference-objective", ""),

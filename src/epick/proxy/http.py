@@ -419,6 +419,8 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, server: HTTPServer) -> None:
         self.server = server
+        # Looked up once: asyncio.get_running_loop is a getpid system call on Python 3.11.
+        self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.queue: list[Request] = []
@@ -562,7 +564,7 @@ class _Connection(asyncio.Protocol):
         ):
             self._paused_reading = False
             self.transport.resume_reading()
-        self.task = asyncio.get_running_loop().create_task(self._serve(request))
+        self.task = self.loop.create_task(self._serve(request))
 
     async def _serve(self, request: Request) -> None:
         reply = Reply(self, request)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import enum
 import json
 import logging
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -33,6 +32,7 @@ from epick.framework import (
     Parser,
     Response,
     SchedulingResult,
+    new_request_id,
 )
 from epick.requestcontrol import errors
 from epick.requestcontrol.admission import EvictionSignal, FlowAdmission
@@ -218,7 +218,7 @@ class Director:
         request = InferenceRequest(
             target_model=model,
             body=parsed.body,
-            request_id=lowered.get(REQUEST_ID_HEADER) or uuid.uuid4().hex,
+            request_id=lowered.get(REQUEST_ID_HEADER) or new_request_id(),
             headers={k: v for k, v in lowered.items() if k not in UNTRUSTED_HEADERS},
             priority=self.objectives.get(objective, 0),
             objective=objective,
