@@ -219,6 +219,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "state per process (flow control, plugins that do not share) or the gRPC ports are 0",
     )
     p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker-count", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-hub", default=None, help=argparse.SUPPRESS)
     p.add_argument("--proxy-fds", default=None, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -577,11 +578,13 @@ async def _worker_main(options: ServeOptions, args: argparse.Namespace) -> None:
         options, metrics_port=0, metrics_host="127.0.0.1", proxy=proxy, extproc=extproc
     )
     service = Service(options)
+    if args.worker_count and args.worker_count > 1:  # the workers take turns scraping core metrics
+        service.scrapers.share = (args.worker_index, args.worker_count)
     link = WorkerLink(
         args.worker_hub,
         args.worker_index,
         lambda: service.director.config.plugins,
-        shared={SHARED_METRICS: SharedMetrics(service.datastore)},
+        shared={SHARED_METRICS: SharedMetrics(service.datastore, service.scrapers)},
     )
     await link.connect()  # the shared state first: then serve
     service.director.before_schedule = link.catch_up

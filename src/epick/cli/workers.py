@@ -253,7 +253,8 @@ class Supervisor:
         backoff = FIRST_BACKOFF
         while not self.stopping:
             args = [sys.executable, "-m", "epick.cli.main", "serve", *self.serve_args, "--worker-index",
-                    str(worker.index), "--worker-hub", self.hub_path]  # fmt: skip
+                    str(worker.index), "--worker-count", str(len(self.workers)),
+                    "--worker-hub", self.hub_path]  # fmt: skip
             fds: tuple[int, ...] = ()
             if self.sockets:
                 # Every worker gets every socket, and accepts on its own; while a worker is down,

@@ -11,6 +11,14 @@ the Go EPP's utilization detector counts a stale endpoint). After `unhealthy_aft
 the endpoint leaves the scheduling candidates until a scrape succeeds again. Other sources (DCGM,
 /v1/models) never make an endpoint unhealthy: their attributes just stop changing.
 Extractors of endpoint notifications (`topology-extractor`) run as endpoints appear and change.
+
+Under `epick serve --workers N` the workers take turns (`ScraperPool.share`): worker k scrapes an
+endpoint's core metrics in the k-th of every N intervals, slots set on the wall clock that every
+worker reads, so the model server is scraped once per interval as by one process, not N times. Each
+scrape's outcome reaches every worker (epick.datalayer.shared): its metrics, or its failure, which
+counts towards `unhealthy_after` in every worker as the worker's own would. A source whose extractors
+read more than the shared core metrics (custom metrics, DCGM, /v1/models) is scraped by every worker
+every interval, as before.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ import json
 import logging
 import ssl
 import time
+import zlib
+from collections.abc import Callable
 
 from epick.config.datalayer import DataLayerPlan, PolledSource
 from epick.datalayer.datastore import Datastore, EndpointSpec
@@ -76,7 +86,11 @@ class Scraper:
         unhealthy_after: int = 3,
         path: str = "/metrics",
         polled: PolledSource | None = None,
+        share: tuple[int, int] | None = None,
+        on_failure: Callable[[str], None] | None = None,
     ) -> None:
+        """`share` = (k, n): scrape in the k-th of every n intervals (the workers' turns);
+        `on_failure` hears the endpoint's name after each failed scrape of its core metrics."""
         self.spec = spec
         self.datastore = datastore
         self.polled = polled if polled is not None else default_plan(path).polled[0]
@@ -109,6 +123,8 @@ class Scraper:
             except ExtractError as e:
                 self.setup_error = str(e)
         self.unhealthy_after = unhealthy_after
+        self.share = share
+        self.on_failure = on_failure
         self.last_error: str | None = None
         self.scrapes = 0
         self.failures = 0
@@ -153,21 +169,32 @@ class Scraper:
             OverflowError,
         ) as e:
             self.failures += 1
-            self.consecutive_failures += 1
-            if self.drives_health and self.consecutive_failures >= self.unhealthy_after:
-                self.datastore.set_healthy(self.spec.name, False)
+            self.failed()
+            if self.drives_health and self.on_failure is not None:
+                self.on_failure(self.spec.name)
             self._report(f"{type(e).__name__}: {e}" if not isinstance(e, ExtractError) else str(e))
             return
         self.scrapes += 1
-        self.consecutive_failures = 0
         for result in results:
             if result.metrics is not None:
                 self.datastore.update_metrics(self.spec.name, result.metrics)
             if result.attributes:
                 self.datastore.update_attributes(self.spec.name, result.attributes)
+        self.succeeded()
+        self._report(None)
+
+    def failed(self) -> None:
+        """A scrape of the endpoint failed, this worker's or another's: after `unhealthy_after` in a
+        row the endpoint leaves the candidates."""
+        self.consecutive_failures += 1
+        if self.drives_health and self.consecutive_failures >= self.unhealthy_after:
+            self.datastore.set_healthy(self.spec.name, False)
+
+    def succeeded(self) -> None:
+        """A scrape of the endpoint succeeded, this worker's or another's."""
+        self.consecutive_failures = 0
         if self.drives_health:
             self.datastore.set_healthy(self.spec.name, True)
-        self._report(None)
 
     def _report(self, error: str | None) -> None:
         if error == self.last_error:
@@ -180,6 +207,8 @@ class Scraper:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        if self.share is not None:
+            await asyncio.sleep(self.until_turn(time.time()))
         while True:
             started = loop.time()
             try:
@@ -187,7 +216,25 @@ class Scraper:
             except Exception as e:  # a scraper must outlive anything an endpoint sends it
                 self.failures += 1
                 self._report(f"unexpected {type(e).__name__}: {e}")
-            await asyncio.sleep(max(0.0, self.interval - (loop.time() - started)))
+            if self.share is not None:
+                await asyncio.sleep(self.until_turn(time.time()))
+            else:
+                await asyncio.sleep(max(0.0, self.interval - (loop.time() - started)))
+
+    def until_turn(self, now: float) -> float:
+        """Seconds from `now` (wall clock) to this worker's next turn to scrape the endpoint: turns
+        come every n intervals, worker k's k intervals into each round, each endpoint at an offset
+        of its own within the interval (so one worker's scrapes do not all start at once). A turn
+        less than half an interval away is skipped: the scrape just made was that turn's."""
+        assert self.share is not None
+        worker, workers = self.share
+        period = self.interval * workers
+        if period <= 0:
+            return 0.0
+        offset = (zlib.crc32(self.spec.name.encode()) % 1000) / 1000 * self.interval
+        turn = worker * self.interval + offset
+        wait = (turn - now) % period
+        return wait if wait >= self.interval / 2 else wait + period
 
 
 class ScraperPool:
@@ -207,6 +254,10 @@ class ScraperPool:
         self.timeout = timeout
         self.plan = plan if plan is not None else default_plan()
         self.scrapers: dict[str, list[Scraper]] = {}
+        # (k, n): this is worker k of n, and the workers take turns scraping core metrics (set
+        # before `start`); `on_failure` hears each failed scrape of an endpoint's core metrics.
+        self.share: tuple[int, int] | None = None
+        self.on_failure: Callable[[str], None] | None = None
         self._started = False
         self._subscribed = False
         self._stopping: set[asyncio.Task[None]] = set()
@@ -252,13 +303,40 @@ class ScraperPool:
                 log.exception("endpoint extractor %s failed on %s", extractor.typed_name, name)
                 continue
             self.datastore.update_attributes(name, attributes)
-        scrapers = [
-            Scraper(spec, self.datastore, interval=self.interval, timeout=self.timeout, polled=polled)
-            for polled in self.plan.polled
-        ]
+        scrapers = self.build(spec)
         self.scrapers[name] = scrapers
         for scraper in scrapers:
             scraper.start()
+
+    def build(self, spec: EndpointSpec) -> list[Scraper]:
+        """The endpoint's scrapers as the pool runs them, one per polled source (not started)."""
+        return [
+            Scraper(
+                spec,
+                self.datastore,
+                interval=self.interval,
+                timeout=self.timeout,
+                polled=polled,
+                share=self.share if _shared_whole(polled) else None,
+                on_failure=self._failed,
+            )
+            for polled in self.plan.polled
+        ]
+
+    def _failed(self, name: str) -> None:
+        if self.on_failure is not None:
+            self.on_failure(name)
+
+    def outcome(self, name: str, ok: bool) -> None:
+        """Another worker scraped endpoint `name`'s core metrics: they came (`ok`), or the scrape
+        failed; counted as this worker's own scrape would be."""
+        scraper = self.scraper(name)
+        if scraper is None or not scraper.drives_health:
+            return
+        if ok:
+            scraper.succeeded()
+        else:
+            scraper.failed()
 
     async def stop(self) -> None:
         for scrapers in list(self.scrapers.values()):
@@ -268,3 +346,11 @@ class ScraperPool:
         if self._stopping:
             await asyncio.gather(*self._stopping, return_exceptions=True)
         self._started = False
+
+
+def _shared_whole(polled: PolledSource) -> bool:
+    """Whether everything `polled`'s extractors read is shared between workers (the core metrics
+    alone, no custom metrics): then the workers can take turns scraping it."""
+    return bool(polled.extractors) and all(
+        isinstance(e, CoreMetricsExtractor) and not e.custom for e in polled.extractors
+    )
