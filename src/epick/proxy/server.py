@@ -342,10 +342,18 @@ class Proxy:
         self.director.response_received(d, response, endpoint)
         response.chunk = body
         response.end_of_stream = True
-        self.director.response_complete(d, response, endpoint)
+        if self.director.config.hooks.response_complete:
+            self.director.response_complete(d, response, endpoint)
+            sent_first = False
+        else:
+            # Nothing left can add to the headers: the client gets its answer first, and the usage
+            # is read after (in the same turn of the loop: the next request sees it recorded).
+            sent_first = True
         headers = self._copy_headers(upstream, response, endpoint)
         headers += _metadata_headers(response)  # what the hooks reported, while the headers can still go
         reply.send(upstream.status, body, headers)
+        if sent_first:
+            self.director.response_complete(d, response, endpoint)
 
     def _copy_headers(
         self, upstream: UpstreamResponse, response: Response, endpoint: Endpoint
