@@ -38,6 +38,9 @@ class VirtualLoop:
     def time(self) -> float:
         return self.now
 
+    def is_closed(self) -> bool:
+        return False
+
     def call_at(self, when: float, callback: Callable[[], None]) -> _Timer:
         timer = _Timer(when, callback)
         heapq.heappush(self.timers, (when, next(self._order), timer))
@@ -248,3 +251,15 @@ async def test_a_scope_outside_a_task_is_refused() -> None:
     loop.call_soon(lambda: (outside(), done.set_result(None)))
     await done
     assert errors and "inside a task" in str(errors[0])
+
+
+def test_deadlines_serve_the_next_event_loop_once_the_first_is_closed() -> None:
+    queue = Deadlines(0)
+
+    async def expires() -> None:
+        with queue.scope():
+            await asyncio.sleep(3600)
+
+    for _ in range(2):  # a second asyncio.run: a new loop
+        with pytest.raises(TimeoutError):
+            asyncio.run(expires())

@@ -43,7 +43,7 @@ class Deadline:
 
 class Deadlines:
     """Deadlines `seconds` after they are set; each calls its callback when it passes, unless cancelled.
-    Serves the event loop that set the first one."""
+    Serves the event loop that set the first one (and the next one, once that loop is closed)."""
 
     def __init__(self, seconds: float) -> None:
         if seconds < 0:
@@ -59,9 +59,12 @@ class Deadlines:
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-        return self._loop
+        loop = self._loop
+        if loop is None or loop.is_closed():  # first use, or the loop it served is gone
+            loop = self._loop = asyncio.get_running_loop()
+            self._timer = None
+            self._pending.clear()
+        return loop
 
     def set(self, callback: Callable[[], None]) -> Deadline:
         """A deadline `seconds` from now that calls `callback` when it passes."""

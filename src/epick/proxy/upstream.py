@@ -267,7 +267,7 @@ class Upstreams:
 
     async def _acquire(self, key: tuple[str, int]) -> tuple[_Connection, bool]:
         loop = self._loop
-        if loop is None:
+        if loop is None or loop.is_closed():
             loop = self._loop = asyncio.get_running_loop()
         idle = self._idle.get(key)
         if idle:
