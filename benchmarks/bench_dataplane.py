@@ -83,17 +83,21 @@ for p = 1, $prefixes do
   for w = 1, 300 do words[w] = "tok" .. ((p * 7919 + w * 104729) % 5000) end
   prefixes[p] = table.concat(words, " ")
 end
-local bodies = {}
-for i = 1, $prefixes * 8 do
-  local p = ((i - 1) % $prefixes) + 1
-  bodies[i] = '{"model":"sim-model","max_tokens":16,"messages":[{"role":"system","content":"' ..
-    prefixes[p] .. '"},{"role":"user","content":"question number ' .. i .. ' about this"}]}'
+-- Each request formatted once per thread, in init (where wrk.format knows the Host header):
+-- formatted on every call, wrk spent about 7 us per request straight to nginx instead of 5.
+local requests = {}
+init = function(args)
+  for i = 1, $prefixes * 8 do
+    local p = ((i - 1) % $prefixes) + 1
+    local body = '{"model":"sim-model","max_tokens":16,"messages":[{"role":"system","content":"' ..
+      prefixes[p] .. '"},{"role":"user","content":"question number ' .. i .. ' about this"}]}'
+    requests[i] = wrk.format("POST", "/v1/chat/completions", {["Content-Type"] = "application/json"}, body)
+  end
 end
 local n = 0
 request = function()
   n = n + 1
-  return wrk.format("POST", "/v1/chat/completions", {["Content-Type"] = "application/json"},
-    bodies[(n % #bodies) + 1])
+  return requests[(n % #requests) + 1]
 end
 """)
 
