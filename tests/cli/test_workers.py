@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epick.cli.serve import _serve_args
 from epick.cli.workers import WorkerLink, _Merged, frame, read_frame
+from epick.plugins.pickers.max_score import MaxScorePicker
 from epick.plugins.prefix.index import PrefixIndex
 from epick.plugins.prefix.scorer import PrefixCacheScorer
 from epick.proxy.server import ENDPOINT_HEADER, WORKER_HEADER
@@ -62,6 +63,14 @@ def test_the_scorer_publishes_through_its_index() -> None:
     scorer.replicate(None, 0)
     scorer.index.add("ep", [6])
     assert sent == [["ep", [5]]]
+
+
+@pytest.mark.parametrize(("workers", "by_prompt"), [(0, False), (1, False), (2, True)])
+def test_the_link_tells_pickers_how_many_workers_choose(workers: int, by_prompt: bool) -> None:
+    picker = MaxScorePicker()
+    link = WorkerLink("/nonexistent", 0, lambda: {"max-score-picker": picker}, workers=workers)
+    link.attach()
+    assert picker._by_prompt is by_prompt
 
 
 async def test_frames_carry_64_bit_hashes_and_end_cleanly() -> None:

@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from epick.framework import CycleState, Endpoint, ScoredEndpoint
+from epick.framework.replication import WorkerAware
 from epick.plugins.pickers.max_score import MaxScorePicker
 from epick.plugins.pickers.params import PickerParameters
 from epick.plugins.pickers.random_picker import RandomPicker
@@ -110,6 +111,54 @@ def test_max_score_top_k_is_deterministic_for_a_seed() -> None:
     # 3 of the 4 tied at 0.3, never e (0.1); the tied order varies between picks
     assert all(len(r) == 3 and "e" not in r for r in runs[0])
     assert len(set(runs[0])) > 1
+
+
+def test_under_workers_max_score_breaks_ties_by_the_prompt_alike_in_every_copy() -> None:
+    """Two workers' copies (their own random draws, candidates in another order) break the same tie
+    the same way for one prompt, and send a request of another prompt wherever its hash says."""
+    copies = [MaxScorePicker(rng=random.Random(seed)) for seed in (1, 2)]
+    for picker in copies:
+        assert isinstance(picker, WorkerAware)
+        picker.set_workers(2)
+    tied = scored(a=0.5, b=0.9, c=0.9, d=0.9)
+    for i in range(50):
+        request = make_request(f"system prompt {i} " * 20)
+        first = copies[0].pick(request, CycleState(), tied).targets
+        second = copies[1].pick(request, CycleState(), list(reversed(tied))).targets
+        assert names(first) == names(second) and names(first)[0] in {"b", "c", "d"}
+        follow_up = make_request(f"system prompt {i} " * 20 + "and a question")  # same start
+        assert names(copies[1].pick(follow_up, CycleState(), tied).targets) == names(first)
+
+
+def test_under_workers_prompts_spread_evenly_over_tied_endpoints() -> None:
+    picker = MaxScorePicker(rng=random.Random(0))
+    picker.set_workers(4)
+    tied = scored(a=1.0, b=1.0, c=1.0, d=1.0)
+    counts = Counter(
+        names(picker.pick(make_request(f"prompt number {i}"), CycleState(), tied).targets)[0]
+        for i in range(2_000)
+    )
+    assert set(counts) == {"a", "b", "c", "d"}
+    assert all(400 <= n <= 600 for n in counts.values()), counts
+
+
+def test_under_workers_top_k_orders_ties_by_the_prompt() -> None:
+    copies = [MaxScorePicker(max_num_of_endpoints=3, rng=random.Random(seed)) for seed in (1, 2)]
+    for picker in copies:
+        picker.set_workers(2)
+    request = make_request("a shared system prompt")
+    tied = scored(a=0.9, b=0.5, c=0.5, d=0.5)
+    first = names(copies[0].pick(request, CycleState(), tied).targets)
+    second = names(copies[1].pick(request, CycleState(), list(reversed(tied))).targets)
+    assert first == second and first[0] == "a" and len(first) == 3
+
+
+def test_one_worker_keeps_the_random_tie_break() -> None:
+    picker = MaxScorePicker(rng=random.Random(3))
+    picker.set_workers(1)
+    request = make_request("the same prompt every time")
+    tied = scored(a=1.0, b=1.0, c=1.0)
+    assert {names(picker.pick(request, CycleState(), tied).targets)[0] for _ in range(200)} == {"a", "b", "c"}
 
 
 def test_max_score_with_nothing_to_pick_returns_no_target() -> None:

@@ -585,6 +585,7 @@ async def _worker_main(options: ServeOptions, args: argparse.Namespace) -> None:
         args.worker_index,
         lambda: service.director.config.plugins,
         shared={SHARED_METRICS: SharedMetrics(service.datastore, service.scrapers)},
+        workers=args.worker_count or 0,
     )
     await link.connect()  # the shared state first: then serve
     service.director.before_schedule = link.catch_up

@@ -55,7 +55,7 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from epick.framework.replication import Replicated, unshared_state
+from epick.framework.replication import Replicated, WorkerAware, unshared_state
 
 log = logging.getLogger(__name__)
 
@@ -441,10 +441,16 @@ class WorkerLink:
     turn of the loop still sees the updates that reached the socket meanwhile."""
 
     def __init__(
-        self, hub_path: str, index: int, plugins: Any, shared: Mapping[str, Replicated] | None = None
+        self,
+        hub_path: str,
+        index: int,
+        plugins: Any,
+        shared: Mapping[str, Replicated] | None = None,
+        workers: int = 0,
     ) -> None:
         self.hub_path = hub_path
         self.index = index
+        self.workers = workers  # how many there are (0: not known)
         self.plugins = plugins  # () -> Mapping[str, Plugin]: the running config's plugins
         self.shared = dict(shared or {})  # replicated state outside the config (endpoint metrics)
         self._sock: socket.socket | None = None
@@ -496,12 +502,15 @@ class WorkerLink:
         self._send(frame({"t": "metrics", "port": port}))
 
     def attach(self) -> None:
-        """(Again, after a config reload) hand every replicated plugin its publisher."""
+        """(Again, after a config reload) hand every replicated plugin its publisher, and tell the
+        plugins that make random choices how many workers make them."""
         self._replicated = {}
         for name, plugin in [*self.shared.items(), *self.plugins().items()]:
             if isinstance(plugin, Replicated) and name not in self._replicated:
                 plugin.replicate(self._publisher(name), self.index)
                 self._replicated[name] = plugin
+            if self.workers > 1 and isinstance(plugin, WorkerAware):
+                plugin.set_workers(self.workers)
         unshared = unshared_plugins(self.plugins())
         if unshared and self.index == 0:
             log.warning("with --workers, each worker keeps its own: %s", "; ".join(unshared))

@@ -3,12 +3,20 @@
 The Go EPP shuffles, sorts stably by total descending and takes the first `maxNumOfEndpoints`.
 Sorting by (total descending, a random key) orders ties just as uniformly, and for one target a
 single pass (the maximum, then a random one of its ties) does the same without sorting at all.
+
+Deviation, under `epick serve --workers N` only: ties are broken by the prompt instead (rendezvous
+hashing of the prompt's start and each endpoint's name), so every worker breaks the same tie the
+same way. A prompt no endpoint holds scores alike everywhere, and two workers that see a new prompt's
+first requests at once would otherwise place it on two endpoints. Different prompts still spread
+evenly over tied endpoints.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+
+import xxhash
 
 from epick.framework import (
     CycleState,
@@ -36,6 +44,10 @@ class MaxScorePicker(NamedPlugin):
         super().__init__(name)
         self.max_num_of_endpoints = max_num_of_endpoints
         self._rng = rng or random.Random()
+        self._by_prompt = False  # ties broken by the prompt (set_workers), not at random
+
+    def set_workers(self, count: int) -> None:
+        self._by_prompt = count > 1
 
     def pick(
         self, request: InferenceRequest, cycle_state: CycleState, scored: Sequence[ScoredEndpoint]
@@ -49,10 +61,27 @@ class MaxScorePicker(NamedPlugin):
             if scores.count(best) == 1:
                 return ProfileRunResult((endpoints[scores.index(best)],))
             ties = [i for i, s in enumerate(scores) if s == best]
+            if self._by_prompt:
+                key = _prompt_key(request)
+                return ProfileRunResult((endpoints[max(ties, key=lambda i: _rank(key, endpoints[i].name))],))
             return ProfileRunResult((endpoints[ties[self._rng.randrange(len(ties))]],))
-        tiebreak = self._rng.random
-        order = sorted(range(len(endpoints)), key=lambda i: (-scores[i], tiebreak()))
+        if self._by_prompt:
+            key = _prompt_key(request)
+            order = sorted(range(len(endpoints)), key=lambda i: (-scores[i], -_rank(key, endpoints[i].name)))
+        else:
+            tiebreak = self._rng.random
+            order = sorted(range(len(endpoints)), key=lambda i: (-scores[i], tiebreak()))
         return ProfileRunResult(tuple(endpoints[i] for i in order[:k]))
+
+
+def _prompt_key(request: InferenceRequest) -> bytes:
+    """What requests of one prompt share: the model and the prompt's first 256 characters."""
+    return f"{request.target_model}\0{request.body.prefix_text[:256]}\0".encode()
+
+
+def _rank(key: bytes, endpoint: str) -> int:
+    """The endpoint's rank for this prompt, the same in every process (not Python's salted hash)."""
+    return xxhash.xxh64_intdigest(key + endpoint.encode())
 
 
 def _factory(name: str, params: PickerParameters, handle: Handle) -> MaxScorePicker:
