@@ -102,13 +102,6 @@ def put_destinations(metadata: struct_pb2.Struct, decision: Decision) -> None:
     metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION_HEADER].string_value = targets
 
 
-def destinations(decision: Decision) -> struct_pb2.Struct:
-    """`put_destinations`' metadata as a message of its own."""
-    metadata = struct_pb2.Struct()
-    put_destinations(metadata, decision)
-    return metadata
-
-
 def response_metadata(response: Response) -> struct_pb2.Struct:
     """The dynamic metadata hooks reported for `response`, by namespace (e.g. `envoy.lb`)."""
     metadata = struct_pb2.Struct()
