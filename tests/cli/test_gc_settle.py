@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from epick.cli.serve import GC_THRESHOLDS, settle_gc
+from epick.service.run import GC_THRESHOLDS, settle_gc
 
 
 @pytest.fixture

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from epick.cli.main import build_parser
-from epick.cli.serve import ServeOptions, options_from
+from epick.cli.serve import settings_from
+from epick.service import Settings
 
 
-def options(*flags: str) -> ServeOptions:
-    return options_from(build_parser().parse_args(["serve", "--endpoints", "127.0.0.1:8000", *flags]))
+def options(*flags: str) -> Settings:
+    return settings_from(build_parser().parse_args(["serve", "--endpoints", "127.0.0.1:8000", *flags]))
 
 
 def test_usage_metrics_and_outlier_detection_are_on_by_default() -> None:

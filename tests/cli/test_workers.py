@@ -16,12 +16,14 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from epick.cli.serve import _serve_args
-from epick.cli.workers import WorkerLink, _Merged, frame, read_frame
+from epick.datalayer.datastore import EndpointSpec
 from epick.plugins.pickers.max_score import MaxScorePicker
 from epick.plugins.prefix.index import PrefixIndex
 from epick.plugins.prefix.scorer import PrefixCacheScorer
 from epick.proxy.server import ENDPOINT_HEADER, WORKER_HEADER
+from epick.service.workers.frames import frame, read_frame
+from epick.service.workers.link import WorkerLink
+from epick.service.workers.merge import MergedPages
 from tests.conftest import MakeSim
 from tests.datalayer.pages import free_port, wait_until
 
@@ -91,16 +93,30 @@ def test_merged_metrics_sum_counters_and_histograms_and_keep_the_largest_gauge()
     pages = [page.replace("{n}", "3").replace("{g}", "4"), page.replace("{n}", "5").replace("{g}", "2")]
     merged = {
         f.name: {(s.name, tuple(s.labels.items())): s.value for s in f.samples}
-        for f in _Merged(pages).collect()
+        for f in MergedPages(pages).collect()
     }
     assert merged["req"][("req_total", (("model", "m"),))] == 8
     assert merged["ready"][("ready", ())] == 4
     assert merged["lat"][("lat_count", ())] == 8 and merged["lat"][("lat_bucket", (("le", "+Inf"),))] == 8
 
 
-def test_workers_run_the_arguments_as_given_without_workers() -> None:
-    argv = ["serve", "--endpoints", "a:1", "--workers", "2", "--no-extproc", "--workers=3"]
-    assert _serve_args(argv) == ["--endpoints", "a:1", "--no-extproc"]
+def test_a_worker_serves_the_settings_on_shared_ports_with_its_own_metrics() -> None:
+    from epick.extproc.server import ExtProcOptions
+    from epick.proxy.server import ProxyOptions
+    from epick.service import Settings
+    from epick.service.workers.process import Role, worker_settings
+
+    settings = Settings(
+        endpoints=(EndpointSpec("a", "127.0.0.1", 1, {}),),
+        proxy=ProxyOptions(port=8080),
+        extproc=ExtProcOptions(port=9002, health_port=9003),
+        workers=3,
+    )
+    worker = worker_settings(settings, Role(index=2, count=3, hub="/tmp/hub.sock"))
+    assert worker.proxy is not None and worker.proxy.worker == 2 and worker.proxy.port == 8080
+    assert worker.extproc is not None and worker.extproc.shared_ports
+    assert (worker.metrics_host, worker.metrics_port, worker.workers) == ("127.0.0.1", 0, 1)
+    assert worker.endpoints == settings.endpoints
 
 
 # --- the processes --------------------------------------------------------------------------------
@@ -290,7 +306,7 @@ def test_flow_control_is_refused_with_workers(capsys: pytest.CaptureFixture[str]
     config = Path(__file__).parents[2] / "config" / "flow-control.yaml"
     code = main(["serve", "--endpoints", "127.0.0.1:1", "--config-file", str(config), "--workers", "2"])
     assert code == 2
-    assert "flow control cannot run with --workers above 1" in capsys.readouterr().err
+    assert "flow control cannot run with workers above 1" in capsys.readouterr().err
 
 
 def test_the_worker_link_names_what_stays_per_worker(caplog: pytest.LogCaptureFixture) -> None:
@@ -451,7 +467,7 @@ def _affinity() -> int:
 def test_the_cores_available_are_the_affinity_capped_by_the_cgroup_quota(
     tmp_path: Path, files: dict[str, str], expected: int | None
 ) -> None:
-    from epick.cli.workers import cores_available
+    from epick.service.workers import cores_available
 
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -461,9 +477,9 @@ def test_the_cores_available_are_the_affinity_capped_by_the_cgroup_quota(
 
 
 def test_the_default_is_one_worker_per_core_unless_something_would_be_split() -> None:
-    from epick.cli.workers import default_workers
     from epick.config import load_config
     from epick.plugins.session.filter import SessionAffinityFilter, SessionAffinityParameters
+    from epick.service.workers import default_workers
 
     plugins = load_config(None, seed=1).plugins  # the default config shares all it keeps
     assert default_workers(4, plugins, flow_control=False, grpc_ports_fixed=True) == (
@@ -497,14 +513,15 @@ def test_serve_runs_the_default_workers_and_says_why(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, argv: list[str], expected: int,
     why: str | None,
 ) -> None:  # fmt: skip
-    from epick.cli import serve
     from epick.cli.main import build_parser
+    from epick.cli.serve import settings_from
+    from epick.service import run
 
     monkeypatch.chdir(Path(__file__).parents[2])
-    monkeypatch.setattr(serve, "cores_available", lambda: 3)
+    monkeypatch.setattr(run, "cores_available", lambda: 3)
     args = build_parser().parse_args(["serve", "--endpoints", "127.0.0.1:1", *argv])
     with caplog.at_level("INFO", logger="epick.serve"):
-        assert serve._workers(args, serve.options_from(args))[0] == expected
+        assert run.worker_count(settings_from(args))[0] == expected
     if why is not None:
         assert f"serving with {expected} worker process" in caplog.text and why in caplog.text
     else:
@@ -550,7 +567,7 @@ async def test_a_dead_workers_socket_and_those_it_covered_go_to_running_workers(
     then 0 is back (2 lets its socket go)."""
     import msgpack
 
-    from epick.cli.workers import Supervisor
+    from epick.service.workers import Supervisor
 
     class Link:
         def __init__(self) -> None:
@@ -559,7 +576,11 @@ async def test_a_dead_workers_socket_and_those_it_covered_go_to_running_workers(
         def write(self, data: bytes) -> None:
             self.sent.append(msgpack.unpackb(data[5:]))
 
-    supervisor = Supervisor([], 3, host="127.0.0.1", port=0, metrics_host="127.0.0.1", metrics_port=None)
+    from epick.proxy.server import ProxyOptions
+    from epick.service import Settings
+
+    settings = Settings(proxy=ProxyOptions(host="127.0.0.1", port=0), metrics_port=None)
+    supervisor = Supervisor(settings, 3)
     supervisor.sockets = [object(), object(), object()]  # type: ignore[list-item]
     links = [Link(), Link(), Link()]
     for worker, link in zip(supervisor.workers, links, strict=True):

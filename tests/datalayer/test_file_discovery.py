@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from epick.cli.main import build_parser
-from epick.cli.serve import ServeOptions, Service, options_from
+from epick.cli.serve import settings_from
 from epick.datalayer.datastore import Datastore, EndpointSpec
 from epick.datalayer.discovery.file import FileDiscoveryRunner
 from epick.datalayer.discovery.static import DiscoveryError
@@ -26,6 +26,7 @@ from epick.plugins.datalayer.file_discovery import (
     FileEndpoint,
     parse_endpoints_file,
 )
+from epick.service import Service, Settings
 from tests.conftest import MakeApp
 from tests.datalayer.pages import vllm_page, wait_until
 
@@ -379,7 +380,7 @@ endpoints:
 """,
     )
     service = Service(
-        ServeOptions(config_file=config, proxy=None, metrics_port=None, refresh_metrics_interval=0.01)
+        Settings(config_file=config, proxy=None, metrics_port=None, refresh_metrics_interval=0.01)
     )
     assert isinstance(service.discovery, FileDiscoveryRunner)
     assert len(service.datastore) == 0
@@ -402,7 +403,7 @@ endpoints:
 
 async def test_service_fails_to_start_on_a_bad_endpoints_file(tmp_path: Path) -> None:
     config = serve_config(tmp_path, 'endpoints:\n- {name: x, address: 10.0.0.1, port: "0"}\n')
-    service = Service(ServeOptions(config_file=config, proxy=None, metrics_port=None))
+    service = Service(Settings(config_file=config, proxy=None, metrics_port=None))
     try:
         with pytest.raises(DiscoveryError, match="x: invalid port"):
             await service.start()
@@ -416,7 +417,7 @@ async def test_endpoints_on_the_command_line_win_over_the_configured_discovery(
     config = serve_config(tmp_path, 'endpoints:\n- {name: from-file, address: 10.0.0.1, port: "8000"}\n')
     static = (EndpointSpec("static", "127.0.0.1", 1, {}),)
     with caplog.at_level(logging.WARNING):
-        service = Service(ServeOptions(endpoints=static, config_file=config, proxy=None, metrics_port=None))
+        service = Service(Settings(endpoints=static, config_file=config, proxy=None, metrics_port=None))
     assert service.discovery is None
     assert any(
         "dataLayer.discovery" in r.getMessage() and "ignored" in r.getMessage() for r in caplog.records
@@ -426,7 +427,7 @@ async def test_endpoints_on_the_command_line_win_over_the_configured_discovery(
 
 def test_serve_accepts_a_config_file_as_the_only_source_of_endpoints(tmp_path: Path) -> None:
     config = serve_config(tmp_path, "endpoints: []\n")
-    options = options_from(build_parser().parse_args(["serve", "--config-file", config]))
+    options = settings_from(build_parser().parse_args(["serve", "--config-file", config]))
     assert options.config_file == config and options.endpoints == () and options.kubernetes is None
 
 
@@ -444,7 +445,7 @@ async def test_a_reload_that_points_discovery_at_another_file_follows_it(tmp_pat
     config = serve_config(tmp_path, 'endpoints:\n- {name: old-0, address: 10.0.0.1, port: "8000"}\n')
     other = tmp_path / "other.yaml"
     other.write_text('endpoints:\n- {name: new-0, address: 10.0.0.2, port: "8000"}\n')
-    service = Service(ServeOptions(config_file=config, proxy=None, metrics_port=None))
+    service = Service(Settings(config_file=config, proxy=None, metrics_port=None))
     await service.start()
     try:
         assert set(by_name(service.datastore)) == {"old-0"}

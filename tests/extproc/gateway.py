@@ -23,13 +23,13 @@ from typing import Any
 import aiohttp
 import pytest
 
-from epick.cli.serve import ServeOptions, Service
 from epick.config import LoadedConfig
 from epick.datalayer.datastore import EndpointSpec
 from epick.datalayer.health import OutlierPolicy
 from epick.extproc.exchange import Exchange
 from epick.extproc.server import ExtProcOptions
 from epick.requestcontrol.director import Decision
+from epick.service import Service, Settings
 from epick.sim.options import ServerOptions
 from epick.sim.server import SimServer
 
@@ -206,7 +206,7 @@ async def running_gateway(
         await s.start()
     where = backends or [("127.0.0.1", s.port) for s in sims]
     specs = tuple(EndpointSpec(f"sim-{i}", host, port, {}) for i, (host, port) in enumerate(where))
-    options = ServeOptions(
+    options = Settings(
         endpoints=specs,
         proxy=None,
         extproc=ExtProcOptions(host="127.0.0.1", port=0, health_port=0, secure=True),

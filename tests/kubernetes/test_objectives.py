@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from epick.cli.serve import Service
 from epick.datalayer.objectives import ObjectiveError, parse_objective
+from epick.service import Service
 from epick.sim.server import SimServer
 from tests.kubernetes.fake_apiserver import REWRITES_LLMD, FakeApiServer
 from tests.kubernetes.test_rewrites import sim, start_service

@@ -12,8 +12,9 @@ import aiohttp
 import pytest
 
 from epick.cli.main import build_parser
-from epick.cli.serve import KubernetesOptions, ServeOptions, Service, options_from
+from epick.cli.serve import settings_from
 from epick.proxy.server import ProxyOptions
+from epick.service import KubernetesSettings, Service, Settings
 from epick.sim.options import ServerOptions
 from epick.sim.server import SimServer
 from tests.kubernetes.fake_apiserver import REWRITES_GIE, REWRITES_LLMD, FakeApiServer
@@ -46,8 +47,8 @@ async def sim() -> AsyncIterator[SimServer]:
 async def start_service(fake: FakeApiServer, sim: SimServer, tmp_path: Path, **more: Any) -> Service:
     fake.add_pod("pod-a", LABELS, "127.0.0.1")
     fake.put_pool("pool", LABELS, [sim.port])
-    options = ServeOptions(
-        kubernetes=KubernetesOptions(
+    options = Settings(
+        kubernetes=KubernetesSettings(
             namespace="default", pool="pool", kubeconfig=kubeconfig(tmp_path / "kc", fake.url)
         ),
         proxy=ProxyOptions(host="127.0.0.1", port=0),
@@ -193,8 +194,8 @@ async def test_rewrites_are_not_watched_when_asked_not_to(
     fake.put_rewrite("alias", spec("pool", rule("my-alias", (SERVED, 1))))
     fake.add_pod("pod-a", LABELS, "127.0.0.1")
     fake.put_pool("pool", LABELS, [sim.port])
-    options = ServeOptions(
-        kubernetes=KubernetesOptions(
+    options = Settings(
+        kubernetes=KubernetesSettings(
             namespace="default",
             pool="pool",
             kubeconfig=kubeconfig(tmp_path / "kc", fake.url),
@@ -213,7 +214,7 @@ async def test_rewrites_are_not_watched_when_asked_not_to(
 
 
 def test_the_flag_turns_the_watch_off() -> None:
-    on = options_from(build_parser().parse_args(["serve", "--pool-name", "p"]))
-    off = options_from(build_parser().parse_args(["serve", "--pool-name", "p", "--no-watch-model-rewrites"]))
+    on = settings_from(build_parser().parse_args(["serve", "--pool-name", "p"]))
+    off = settings_from(build_parser().parse_args(["serve", "--pool-name", "p", "--no-watch-model-rewrites"]))
     assert on.kubernetes is not None and on.kubernetes.watch_rewrites is True
     assert off.kubernetes is not None and off.kubernetes.watch_rewrites is False

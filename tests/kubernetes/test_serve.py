@@ -10,8 +10,9 @@ import aiohttp
 import pytest
 
 from epick.cli.main import build_parser
-from epick.cli.serve import KubernetesOptions, ServeOptions, Service, options_from
+from epick.cli.serve import settings_from
 from epick.proxy.server import ProxyOptions
+from epick.service import KubernetesSettings, Service, Settings
 from epick.sim.options import ServerOptions
 from epick.sim.server import IDENTITY_HEADER, SimServer
 from tests.kubernetes.fake_apiserver import FakeApiServer
@@ -60,8 +61,8 @@ async def test_requests_follow_the_pools_pods(
     # One pod whose two target ports are the two simulated servers: endpoints pod-a-rank-0 and -rank-1.
     fake.add_pod("pod-a", LABELS, "127.0.0.1")
     fake.put_pool("pool", LABELS, [sims[0].port, sims[1].port])
-    options = ServeOptions(
-        kubernetes=KubernetesOptions(
+    options = Settings(
+        kubernetes=KubernetesSettings(
             namespace="default", pool="pool", kubeconfig=kubeconfig(tmp_path / "kc", fake.url)
         ),
         proxy=ProxyOptions(host="127.0.0.1", port=0),
@@ -96,13 +97,13 @@ async def test_requests_follow_the_pools_pods(
 
 def test_flags_choose_kubernetes_discovery() -> None:
     args = build_parser().parse_args(["serve", "--pool-name", "p", "--pool-namespace", "ns"])
-    options = options_from(args)
-    assert options.kubernetes == KubernetesOptions(namespace="ns", pool="p")
+    options = settings_from(args)
+    assert options.kubernetes == KubernetesSettings(namespace="ns", pool="p")
     assert options.pool_name == "p" and options.endpoints == ()
     args = build_parser().parse_args(
         ["serve", "--endpoint-selector", "app=vllm", "--endpoint-target-ports", "8000,8001"]
     )
-    options = options_from(args)
+    options = settings_from(args)
     assert options.kubernetes is not None
     assert options.kubernetes.selector == "app=vllm" and options.kubernetes.target_ports == (8000, 8001)
 
@@ -117,4 +118,4 @@ def test_flags_choose_kubernetes_discovery() -> None:
 )
 def test_one_source_of_endpoints(argv: list[str]) -> None:
     with pytest.raises(SystemExit, match="epick serve: give"):
-        options_from(build_parser().parse_args(argv))
+        settings_from(build_parser().parse_args(argv))

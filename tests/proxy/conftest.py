@@ -18,10 +18,10 @@ import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from epick.cli.serve import ServeOptions, Service
 from epick.config import LoadedConfig, load_config_text
 from epick.datalayer.datastore import EndpointSpec
 from epick.proxy.server import ProxyOptions
+from epick.service import Service, Settings
 from tests.conftest import MakeApp
 from tests.datalayer.pages import AppServer, vllm_page, wait_until
 
@@ -174,7 +174,7 @@ async def make_fake(make_app: MakeApp) -> AsyncIterator[Callable[..., Awaitable[
 
 @pytest.fixture
 async def make_service() -> AsyncIterator[MakeService]:
-    """`make_service(["host:port", ...], config=None, wait=True, **ServeOptions/ProxyOptions fields)`."""
+    """`make_service(["host:port", ...], config=None, wait=True, **Settings/ProxyOptions fields)`."""
     services: list[Service] = []
 
     async def start(
@@ -198,7 +198,7 @@ async def make_service() -> AsyncIterator[MakeService]:
         }
         proxy_fields.setdefault("expose_endpoint", True)  # tests check where a request went
         kw.setdefault("refresh_metrics_interval", 0.02)
-        options = ServeOptions(
+        options = Settings(
             endpoints=tuple(endpoint(e) for e in endpoints),
             proxy=ProxyOptions(host="127.0.0.1", port=0, **proxy_fields),
             metrics_port=None,

@@ -150,7 +150,7 @@ async def test_a_client_that_disconnects_leaves_the_queue_at_once(
     assert served_order(fake) == ["A"]
     metrics = service.metrics.registry.get_sample_value(
         "inference_extension_flow_control_requests_total",
-        {"outcome": "EvictedContextCancelled", "priority": "0", "inference_pool": service.options.pool_name},
+        {"outcome": "EvictedContextCancelled", "priority": "0", "inference_pool": service.settings.pool_name},
     )
     assert metrics == 1.0
     # Both requests were admitted to a queue (A dispatched at once, the other held): two enqueues.

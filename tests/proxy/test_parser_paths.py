@@ -18,9 +18,9 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
-from epick.cli.serve import Service
 from epick.config import LoadedConfig, load_config_text
 from epick.proxy.server import ENDPOINT_HEADER
+from epick.service import Service
 from tests.conftest import MakeApp
 from tests.datalayer.pages import AppServer, vllm_page, wait_until
 from tests.proxy.conftest import MODEL, SEED, MakeService, proxy_url

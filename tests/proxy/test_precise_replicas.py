@@ -12,11 +12,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from epick.cli.serve import ServeOptions, Service
 from epick.config import load_config_text
 from epick.datalayer.datastore import EndpointSpec
 from epick.plugins.prefix.precise import PrecisePrefixCacheProducer
 from epick.proxy.server import ENDPOINT_HEADER, ProxyOptions
+from epick.service import Service, Settings
 from epick.sim.server import SimServer
 from epick.tokenization import load
 from tests.datalayer.pages import start_sim, stop_sim
@@ -98,7 +98,7 @@ async def fleet() -> AsyncIterator[tuple[list[SimServer], list[Service]]]:
     specs = tuple(EndpointSpec(f"127.0.0.1:{s.port}", "127.0.0.1", s.port, {}, pod_name="sims") for s in sims)
     services = []
     for seed in (1, 2):
-        options = ServeOptions(
+        options = Settings(
             endpoints=specs,
             proxy=ProxyOptions(host="127.0.0.1", port=0, expose_endpoint=True),
             metrics_port=None,

@@ -9,13 +9,13 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from epick.cli.serve import ServeOptions, Service
 from epick.cli.simulate import CONFIG_POLICIES
 from epick.config import load_config_text
 from epick.config.defaults import DEFAULT_CONFIG_YAML
 from epick.datalayer.datastore import EndpointSpec
 from epick.plugins.prefix.scorer import PrefixCacheScorer
 from epick.proxy.server import ENDPOINT_HEADER, ProxyOptions
+from epick.service import Service, Settings
 from tests.conftest import MakeSim
 from tests.datalayer.pages import free_port
 from tests.proxy.conftest import MODEL, SEED, MakeService, proxy_url
@@ -110,7 +110,7 @@ async def test_a_reload_keeps_the_prefix_index_of_an_unchanged_scorer(
 async def test_service_metrics_endpoint(make_sim: MakeSim, http: aiohttp.ClientSession) -> None:
     sims = [await make_sim() for _ in range(2)]
     port = free_port()
-    options = ServeOptions(
+    options = Settings(
         endpoints=tuple(EndpointSpec(f"127.0.0.1:{s.port}", "127.0.0.1", s.port, {}) for s in sims),
         proxy=ProxyOptions(host="127.0.0.1", port=0),
         metrics_port=port,
@@ -171,7 +171,7 @@ schedulingProfiles:
 
 def offline_service(config_text: str, **kw: object) -> Service:
     """A Service built but not started: no sockets, no tasks."""
-    options = ServeOptions(
+    options = Settings(
         endpoints=(EndpointSpec("a", "127.0.0.1", 1, {}),),
         proxy=ProxyOptions(host="127.0.0.1", port=0),
         metrics_port=None,

@@ -11,9 +11,9 @@ import json
 import aiohttp
 import uvloop
 
-from epick.cli.serve import ServeOptions, Service
 from epick.datalayer.datastore import EndpointSpec
 from epick.proxy.server import ProxyOptions
+from epick.service import Service, Settings
 from epick.sim.options import ServerOptions
 from epick.sim.server import IDENTITY_HEADER, SimServer
 from tests.proxy.test_hostile import json_error_of, raw_exchange
@@ -23,7 +23,7 @@ async def scenario() -> None:
     sims = [SimServer(ServerOptions(port=0, time_scale=100), i) for i in range(2)]
     for sim in sims:
         await sim.start()
-    options = ServeOptions(
+    options = Settings(
         endpoints=tuple(EndpointSpec(f"sim-{i}", "127.0.0.1", s.port, {}) for i, s in enumerate(sims)),
         proxy=ProxyOptions(host="127.0.0.1", port=0, max_connections=8),
         metrics_port=None,

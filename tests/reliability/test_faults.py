@@ -32,11 +32,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from epick.cli.serve import Service
 from epick.datalayer.health import OutlierPolicy
 from epick.extproc.server import ExtProcOptions
 from epick.framework import Endpoint
 from epick.proxy.server import ENDPOINT_HEADER
+from epick.service import Service
 from epick.sim.server import SimServer
 from tests.conftest import MakeApp, MakeSim
 from tests.datalayer.pages import vllm_page, wait_until

@@ -33,13 +33,13 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from epick.cli.serve import Service
 from epick.config import load_default_config
 from epick.datalayer.datastore import Datastore, EndpointSpec
 from epick.extproc.exchange import BUFFERED, BUFFERED_PARTIAL, FULL_DUPLEX_STREAMED, STREAMED, Exchange
 from epick.extproc.server import ExtProcOptions, ExtProcServer
 from epick.framework import Metrics
 from epick.requestcontrol.director import Director
+from epick.service import Service
 from tests.conftest import MakeSim
 from tests.proxy.conftest import MODEL, MakeService, proxy_url
 

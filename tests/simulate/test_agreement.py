@@ -11,10 +11,10 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from epick.cli.serve import ServeOptions, Service
 from epick.config import LoadedConfig, load_config_file, load_default_config
 from epick.datalayer.datastore import EndpointSpec
 from epick.proxy.server import ProxyOptions
+from epick.service import Service, Settings
 from epick.sim.options import ServerOptions
 from epick.sim.server import SimServer
 from epick.simulate.epick_policy import EpickPolicy
@@ -49,7 +49,7 @@ async def served_hit_rate(config: LoadedConfig) -> float:
     for s in sims:
         await s.start()
     endpoints = tuple(EndpointSpec(f"s{i}", "127.0.0.1", s.port, {}) for i, s in enumerate(sims))
-    options = ServeOptions(
+    options = Settings(
         endpoints=endpoints, proxy=ProxyOptions(host="127.0.0.1", port=0), metrics_port=None,
         refresh_metrics_interval=0.02,
     )  # fmt: skip

@@ -23,10 +23,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from epick.cli.serve import ServeOptions, Service
 from epick.config import LoadedConfig, load_config_file, load_default_config
 from epick.datalayer.datastore import EndpointSpec
 from epick.proxy.server import ProxyOptions
+from epick.service import Service, Settings
 from epick.sim.options import ServerOptions
 from epick.sim.server import IDENTITY_HEADER, SimServer
 
@@ -98,7 +98,7 @@ async def run_once(
         await s.start()
     specs = tuple(EndpointSpec(s.name or "", "127.0.0.1", s.port, {}) for s in sims)
     service = Service(
-        ServeOptions(endpoints=specs, proxy=ProxyOptions(host="127.0.0.1", port=0), metrics_port=None,
+        Settings(endpoints=specs, proxy=ProxyOptions(host="127.0.0.1", port=0), metrics_port=None,
                      refresh_metrics_interval=0.02),
         config,
     )  # fmt: skip

@@ -22,7 +22,7 @@ from google.protobuf.message import DecodeError
 
 from epick.extproc.exchange import Exchange
 from epick.extproc.grpc_server import Call, GrpcServer, Limits, Status
-from epick.extproc.health import SERVING, HealthService
+from epick.extproc.health import NOT_SERVING, SERVING, HealthService
 from epick.extproc.messages import immediate
 from epick.requestcontrol.admission import evicted_error
 from epick.requestcontrol.director import Director
@@ -195,7 +195,13 @@ class ExtProcServer:
         for service in ("", SERVICE_NAME):
             self.health.set(service, SERVING)
 
-    async def stop(self) -> None:
+    def not_serving(self) -> None:
+        """Stopping: every health service answers NOT_SERVING (a gateway stops sending streams)."""
+        for service in ("", SERVICE_NAME):
+            self.health.set(service, NOT_SERVING)
+
+    async def stop(self, drain: float = 1.0) -> None:
+        """Stop listening; open streams get `drain` seconds (at least one) to finish."""
         for server in (self._server, self._health_server):
             if server is not None:
-                await server.stop(grace=1.0)
+                await server.stop(grace=max(drain, 1.0))

@@ -360,6 +360,7 @@ class HTTPServer:
         self.idle_deadlines = Deadlines(keepalive_timeout)  # one per kept-alive connection between requests
         self.max_connections = max_connections
         self.connections: set[_Connection] = set()
+        self.draining = False  # stopping: a connection closes once its request is answered
         self._server: asyncio.Server | None = None
         self._adopted: dict[int, asyncio.Future[asyncio.Server]] = {}  # by key: other listening sockets
         self.port = 0
@@ -391,17 +392,35 @@ class HTTPServer:
         if adopted is not None:
             adopted.add_done_callback(_close_server)
 
-    async def stop(self) -> None:
+    async def stop(self, drain: float = 0.0) -> None:
+        """Stop accepting; connections idle between requests close at once, those answering a
+        request get `drain` seconds to finish it (then close), and the rest are reset."""
         for key in list(self._adopted):
             self.stop_accepting(key)
         if self._server is not None:
             self._server.close()
+        if drain > 0:
+            await self._drain(drain)
         for conn in list(self.connections):
             conn.abort()
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 5)
         self._server = None
+
+    async def _drain(self, seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        self.draining = True
+        while True:
+            busy = [c.task for c in self.connections if c.task is not None and not c.task.done()]
+            for conn in list(self.connections):
+                if conn.task is None or conn.task.done():
+                    conn.close_when_idle()
+            remaining = deadline - loop.time()
+            if not busy or remaining <= 0:
+                return
+            await asyncio.wait(busy, timeout=remaining)
 
 
 def _report_failure(started: asyncio.Future[asyncio.Server]) -> None:
@@ -605,6 +624,9 @@ class _Connection(asyncio.Protocol):
             return
         self._next()
         if self.task is None and self._parsing is None and not self._in_head:
+            if self.server.draining:
+                self._close_after_write()
+                return
             self._arm_idle()
 
     # --- writing ----------------------------------------------------------------------------------
@@ -633,6 +655,11 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.close()
+
+    def close_when_idle(self) -> None:
+        """Stopping: close now if no request is being answered or waits (else after it)."""
+        if not self.queue and self._parsing is None and (self.task is None or self.task.done()):
+            self._close_after_write()
 
     def abort(self) -> None:
         self.closed = True

@@ -135,8 +135,10 @@ class Proxy:
             raise OSError(e.errno, f"cannot listen on {where} for the proxy: {e.strerror or e}") from None
         self.port = self.server.port
 
-    async def stop(self) -> None:
-        await self.server.stop()
+    async def stop(self, drain: float = 0.0) -> None:
+        """Stop accepting; requests in flight get `drain` seconds to finish, then every connection
+        closes."""
+        await self.server.stop(drain)
         await self.upstreams.close()
 
     async def _serve(self, http: Request, reply: Reply) -> None:

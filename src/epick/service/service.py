@@ -1,0 +1,253 @@
+"""The composition root: a running epick built from `Settings`.
+
+`Service(settings)` builds, in this order: the config (loaded once), the datastore with any static
+endpoints, the metrics, the data layer (scrapers, model catalog, KV-event subscribers, endpoint
+health), the director, the front ends (proxy, ext_proc) and the discovery. Nothing runs until
+`start()`, which starts them so that endpoints are known before anything serves:
+
+    discovery (lists first) → scrapers → KV events → model catalog → proxy → ext_proc → /metrics
+
+`stop()` is graceful, in the reverse sense: the front ends stop accepting and report NOT_SERVING,
+the requests in flight get `drain_timeout` to finish, then the director, the data layer, discovery
+and /metrics close. `reload()` loads the config and the model rewrites again; a bad one keeps the
+running ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Coroutine
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from epick.config import ConfigError, LoadedConfig, load_config
+from epick.datalayer.datastore import Datastore
+from epick.datalayer.discovery.file import FileDiscoveryRunner
+from epick.datalayer.discovery.kubernetes import KubernetesDiscovery
+from epick.datalayer.health import EndpointHealth
+from epick.datalayer.kvevents import KVEventsCollector, KVEventSubscribers, sinks_of
+from epick.datalayer.models import ModelCatalog
+from epick.datalayer.objectives import Objective
+from epick.datalayer.objectives import priorities as objective_priorities
+from epick.datalayer.rewrites import Rewrite, RewriteError
+from epick.datalayer.scraper import ScraperPool
+from epick.extproc.server import ExtProcServer
+from epick.plugins.filters.utilization import UtilizationDetector
+from epick.proxy.server import Proxy
+from epick.requestcontrol.director import Director
+from epick.requestcontrol.metrics import EppMetrics
+from epick.service.rewrites import RewriteSources
+from epick.service.settings import Settings
+
+__all__ = ["Service"]
+
+log = logging.getLogger("epick.serve")
+
+
+class Service:
+    """Everything one epick process serves, startable and stoppable in-process."""
+
+    def __init__(self, settings: Settings, config: LoadedConfig | None = None) -> None:
+        settings.check()
+        self.settings = settings
+        self.config = config or self._load()
+        self.datastore = Datastore()
+        self.datastore.replace_all(settings.endpoints)
+        self.metrics = EppMetrics(
+            settings.pool_name, self.datastore, lambda: self.director.config, usage=settings.usage_metrics
+        )
+        self.scrapers = ScraperPool(
+            self.datastore, interval=settings.refresh_metrics_interval, plan=self.config.data_layer
+        )
+        self.catalog = ModelCatalog(self.datastore)
+        self.kv_events = KVEventSubscribers(self.datastore)
+        self.metrics.registry.register(KVEventsCollector(self.kv_events))
+        self.health = EndpointHealth(self.datastore, settings.outliers)
+        self.rewrites = RewriteSources(settings.model_rewrites_file, settings.rewrites_pool, settings.seed)
+        self.director = Director(
+            self._prepare(self.config),
+            self.datastore,
+            max_body_bytes=settings.body_limit,
+            objectives=dict(settings.objectives),
+            known_models=self.catalog.known,
+            observer=self.metrics,
+            flow_observer=self.metrics.flow,
+            rewrites=self.rewrites.current(),
+            health=self.health,
+        )
+        self.proxy = (
+            Proxy(self.director, self.datastore, self.catalog, settings.proxy, self.health)
+            if settings.proxy
+            else None
+        )
+        self.extproc = ExtProcServer(self.director, settings.extproc) if settings.extproc else None
+        self._metrics_runner: web.AppRunner | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self.discovery = self._discovery()
+
+    def _discovery(self) -> KubernetesDiscovery | FileDiscoveryRunner | None:
+        settings, k8s = self.settings, self.settings.kubernetes
+        configured = self.config.data_layer.discovery
+        if configured is not None and (k8s is not None or settings.endpoints):
+            log.warning(
+                "dataLayer.discovery (%s) is ignored: endpoints come from the command line",
+                configured.typed_name,
+            )
+        elif configured is not None:
+            return FileDiscoveryRunner(self.datastore, configured)
+        elif k8s is None and not settings.endpoints and settings.config_file is not None:
+            log.warning("no endpoints: the config names no dataLayer.discovery and none were given")
+        if k8s is None:
+            return None
+        return KubernetesDiscovery(
+            self.datastore,
+            k8s.namespace,
+            pool=k8s.pool,
+            selector=k8s.selector,
+            target_ports=list(k8s.target_ports) or None,
+            kubeconfig=k8s.kubeconfig,
+            on_rewrites=self._cluster_rewrites_changed if k8s.pool and k8s.watch_rewrites else None,
+            on_objectives=self._cluster_objectives_changed if k8s.pool and k8s.watch_objectives else None,
+        )
+
+    def _load(self, previous: LoadedConfig | None = None) -> LoadedConfig:
+        return load_config(self.settings.config_file, seed=self.settings.seed, previous=previous)
+
+    def _cluster_objectives_changed(self, found: list[Objective]) -> None:
+        """The pool's InferenceObjectives changed: they name priorities, over the settings' objectives."""
+        self.director.set_objectives({**dict(self.settings.objectives), **objective_priorities(found)})
+
+    def _cluster_rewrites_changed(self, rewrites: list[Rewrite]) -> None:
+        self.rewrites.cluster = rewrites
+        self.director.rewrites = self.rewrites.current()
+
+    def _prepare(self, config: LoadedConfig) -> LoadedConfig:
+        config.scheduler.timer = self.metrics
+        staleness = self.settings.metrics_staleness_threshold
+        if staleness is not None:
+            # The admission detector and any utilization-detector used as a filter alike.
+            detectors = {id(d): d for d in config.plugins.values() if isinstance(d, UtilizationDetector)}
+            if isinstance(config.saturation_detector, UtilizationDetector):
+                detectors[id(config.saturation_detector)] = config.saturation_detector
+            for detector in detectors.values():
+                detector.params = detector.params.model_copy(
+                    update={"metrics_staleness_threshold": staleness}
+                )
+        return config
+
+    # --- reload ----------------------------------------------------------------------------------
+
+    def reload(self) -> bool:
+        """Load the config file and the model rewrites again; on any error keep the running ones (both)
+        and log why."""
+        try:
+            fresh = self._load(previous=self.director.config)  # unchanged plugins keep their state
+            file_rewrites = self.rewrites.read()
+        except ConfigError as e:
+            for issue in e.issues:
+                log.error("config reload refused, keeping the running config: %s", issue.render(e.source))
+            return False
+        except RewriteError as e:
+            log.error("reload refused, keeping the running config and rewrites: %s", e)
+            return False
+        self.director.replace_config(self._prepare(fresh))
+        self.scrapers.set_plan(fresh.data_layer)
+        self._reload_discovery(fresh)
+        self._in_background(self.kv_events.set_sinks(sinks_of(fresh.plugins.values())), "KV events reload")
+        self.rewrites.file = file_rewrites
+        self.director.rewrites = self.rewrites.current()
+        log.info("config reloaded from %s", self.settings.config_file or "<default config>")
+        return True
+
+    def _reload_discovery(self, fresh: LoadedConfig) -> None:
+        """A file discovery the reloaded config configures differently replaces the running one."""
+        running, wanted = self.discovery, fresh.data_layer.discovery
+        if not isinstance(running, FileDiscoveryRunner):
+            if wanted is not None:
+                log.warning("dataLayer.discovery is ignored: endpoints come from the command line")
+            return
+        if wanted is None:
+            log.warning("dataLayer.discovery was removed; the running file discovery stays until a restart")
+            return
+        if wanted is running.plugin:
+            return  # kept by the reload: unchanged
+        replacement = FileDiscoveryRunner(self.datastore, wanted)
+        self.discovery = replacement
+
+        async def swap() -> None:
+            await running.stop()
+            await replacement.start(initial=False)
+            log.info("file discovery now reads %s", replacement.source)
+
+        self._in_background(swap(), "file discovery reload")
+
+    def _in_background(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run `work` on the serving loop (not serving yet: start() does what it would)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            work.close()
+            return
+        task = loop.create_task(work, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # --- start and stop --------------------------------------------------------------------------
+
+    async def start(self, proxy_socket: socket.socket | None = None) -> None:
+        """Start serving; the proxy accepts on `proxy_socket` when given (already listening)."""
+        if self.discovery is not None:
+            await self.discovery.start()  # lists first: endpoints are known before anything serves
+        await self.scrapers.start()
+        await self.kv_events.start(sinks_of(self.director.config.plugins.values()))
+        await self.catalog.start()
+        if self.proxy is not None:
+            await self.proxy.start(proxy_socket)
+        if self.extproc is not None:
+            await self.extproc.start()
+        if self.settings.metrics_port is not None:
+            app = web.Application()
+            app.router.add_get("/metrics", self._serve_metrics)
+            self._metrics_runner = web.AppRunner(app, access_log=None)
+            await self._metrics_runner.setup()
+            await web.TCPSite(
+                self._metrics_runner, self.settings.metrics_host, self.settings.metrics_port
+            ).start()
+
+    @property
+    def metrics_bound_port(self) -> int:
+        """The port /metrics listens on (the one asked for, or the one port 0 chose); 0: none."""
+        if self._metrics_runner is None or not self._metrics_runner.addresses:
+            return 0
+        return int(self._metrics_runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        """Stop accepting (health NOT_SERVING), let requests in flight finish within the drain
+        timeout, then close the rest."""
+        drain = self.settings.drain_timeout
+        fronts: list[Coroutine[Any, Any, None]] = []
+        if self.extproc is not None:
+            self.extproc.not_serving()
+            fronts.append(self.extproc.stop(drain))
+        if self.proxy is not None:
+            fronts.append(self.proxy.stop(drain))
+        await asyncio.gather(*fronts)
+        await self.director.close()
+        await self.kv_events.stop()
+        await self.catalog.stop()
+        await self.scrapers.stop()
+        if self.discovery is not None:
+            await self.discovery.stop()
+        for task in list(self._background):
+            task.cancel()
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
+
+    async def _serve_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )

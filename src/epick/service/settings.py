@@ -1,0 +1,110 @@
+"""The service's settings: one typed object that says everything a running epick is built from.
+
+Command lines map onto it (`epick serve`'s flags, in `epick.cli.serve`); a program or a test builds
+one directly. It is plain data: frozen, picklable (the supervisor hands it to its worker processes),
+and checked by `Settings.check`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from epick.datalayer.datastore import EndpointSpec
+from epick.datalayer.health import OutlierPolicy
+from epick.extproc.server import ExtProcOptions
+from epick.proxy.server import ProxyOptions
+
+__all__ = ["KubernetesSettings", "Settings", "SettingsError"]
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+class SettingsError(ValueError):
+    """Settings that cannot make a service; the message names the setting and what is wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesSettings:
+    """Endpoints from a cluster: an InferencePool's pods, or the pods a label selector matches."""
+
+    namespace: str
+    pool: str | None = None
+    selector: str | None = None
+    target_ports: tuple[int, ...] = ()
+    kubeconfig: str | None = None
+    # With a pool: watch the InferenceModelRewrites whose poolRef names it (beside any rewrites file).
+    watch_rewrites: bool = True
+    # With a pool: watch its InferenceObjectives (objective name -> priority, beside `objectives`).
+    watch_objectives: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What to serve, from where, and how.
+
+    Endpoints come from one of `endpoints` (a static list), `kubernetes`, or the config's
+    `dataLayer.discovery`. A front end set to None does not run; a port of 0 is chosen by the kernel.
+    """
+
+    endpoints: tuple[EndpointSpec, ...] = ()
+    kubernetes: KubernetesSettings | None = None
+    config_file: str | None = None  # None: the built-in default config
+    proxy: ProxyOptions | None = field(default_factory=ProxyOptions)
+    extproc: ExtProcOptions | None = None
+    metrics_port: int | None = 9090  # epick's own /metrics; None: not served
+    metrics_host: str = "0.0.0.0"
+    refresh_metrics_interval: float = 0.05
+    metrics_staleness_threshold: float | None = None
+    objectives: tuple[tuple[str, int], ...] = ()  # objective name -> priority
+    pool_name: str = "epick"  # the metrics' pool label
+    seed: int | None = None
+    # Both front ends refuse larger request bodies with 413; None: the proxy's limit (or its default).
+    max_body_bytes: int | None = None
+    # InferenceModelRewrite resources (YAML); those whose poolRef names another pool than
+    # `rewrites_pool` are skipped.
+    model_rewrites_file: str | None = None
+    rewrites_pool: str | None = None
+    outliers: OutlierPolicy = field(default_factory=OutlierPolicy)
+    # The token histograms from each response's usage; off, responses are read only when a plugin
+    # needs them (and ext_proc asks the gateway for less of each response).
+    usage_metrics: bool = True
+    # Worker processes (`epick.service.workers`); None: one per core available, or one where
+    # splitting would change the service.
+    workers: int | None = 1
+    # On stop: how long requests in flight may take to finish before their connections are closed.
+    drain_timeout: float = 10.0
+    # The log level worker processes set up (a single process leaves logging to its caller).
+    log_level: str = "info"
+
+    @property
+    def body_limit(self) -> int:
+        """The largest request body either front end takes."""
+        if self.max_body_bytes:
+            return self.max_body_bytes
+        return self.proxy.max_body_bytes if self.proxy else DEFAULT_MAX_BODY_BYTES
+
+    @property
+    def grpc_ports_fixed(self) -> bool:
+        """Whether ext_proc's ports can be shared by workers: no ext_proc, or neither port 0."""
+        return self.extproc is None or 0 not in (self.extproc.port, self.extproc.health_port)
+
+    def check(self) -> None:
+        """Raise `SettingsError` naming the first setting that cannot work."""
+        k8s = self.kubernetes
+        if self.endpoints and k8s is not None:
+            raise SettingsError("give static endpoints or Kubernetes discovery, not both")
+        if k8s is not None and bool(k8s.pool) == bool(k8s.selector):
+            raise SettingsError("Kubernetes discovery needs an InferencePool name or a label selector (one)")
+        if self.workers is not None and self.workers < 1:
+            raise SettingsError(f"workers must be at least 1 (got {self.workers})")
+        if self.refresh_metrics_interval <= 0:
+            raise SettingsError(
+                f"the metrics refresh interval must be positive (got {self.refresh_metrics_interval})"
+            )
+        if self.drain_timeout < 0:
+            raise SettingsError(f"the drain timeout cannot be negative (got {self.drain_timeout})")
+        if self.workers is not None and self.workers > 1:
+            if self.proxy is None and self.extproc is None:
+                raise SettingsError("workers above 1 need the proxy or ext_proc to serve")
+            if not self.grpc_ports_fixed:
+                raise SettingsError("workers above 1 share the gRPC ports between them: give fixed ports")

@@ -1,0 +1,41 @@
+"""The workers' /metrics pages merged into one."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+
+
+class MergedPages(Collector):
+    """Prometheus pages merged: samples of one name and label set summed across pages (a gauge:
+    the largest value, as for a pool's endpoint count every worker reports alike)."""
+
+    def __init__(self, pages: Sequence[str]) -> None:
+        self.pages = pages
+
+    def collect(self) -> Any:
+        families: dict[str, Metric] = {}
+        values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+        for page in self.pages:
+            for family in text_string_to_metric_families(page):
+                merged = families.get(family.name)
+                if merged is None:
+                    merged = families[family.name] = Metric(family.name, family.documentation, family.type)
+                    values[family.name] = {}
+                samples = values[family.name]
+                for sample in family.samples:
+                    key = (sample.name, tuple(sorted(sample.labels.items())))
+                    if key not in samples:
+                        samples[key] = sample.value
+                    elif family.type == "gauge":
+                        samples[key] = max(samples[key], sample.value)
+                    else:
+                        samples[key] += sample.value
+        for name, family in families.items():
+            for (sample_name, labels), value in values[name].items():
+                family.add_sample(sample_name, dict(labels), value)
+            yield family
