@@ -28,7 +28,7 @@ from epick.datalayer.datastore import EndpointSpec
 from epick.datalayer.health import OutlierPolicy
 from epick.extproc.exchange import Exchange
 from epick.extproc.server import ExtProcOptions
-from epick.requestcontrol.director import Decision
+from epick.requestcontrol.director import RequestCycle
 from epick.service import Service, Settings
 from epick.sim.options import ServerOptions
 from epick.sim.server import SimServer
@@ -108,24 +108,26 @@ class Gateway:
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )  # fmt: skip
-        self.decisions: dict[str, Decision] = {}
+        self._cycles: list[RequestCycle] = []
         director = service.director
-        decide = director.decide
+        begin = director.begin
 
-        def recording(*args: object, **kwargs: object) -> Decision:
-            decision = decide(*args, **kwargs)  # type: ignore[arg-type]
-            self.decisions[decision.request.request_id] = decision
-            return decision
+        def recording(*args: Any, **kwargs: Any) -> RequestCycle:
+            cycle = begin(*args, **kwargs)
+            self._cycles.append(cycle)
+            return cycle
 
-        director.decide = recording  # type: ignore[method-assign]
-        self.completed: list[str] = []
-        complete = director.response_complete
+        director.begin = recording  # type: ignore[method-assign]
 
-        def counting(decision: Any, response: Any, endpoint: Any) -> None:
-            self.completed.append(decision.request.request_id)
-            complete(decision, response, endpoint)
+    @property
+    def decisions(self) -> dict[str, RequestCycle]:
+        """The requests decided so far (their cycles), by request id."""
+        return {c.request.request_id: c for c in self._cycles if c.targets}
 
-        director.response_complete = counting  # type: ignore[method-assign]
+    @property
+    def completed(self) -> list[str]:
+        """The requests whose response was reported complete."""
+        return [c.request.request_id for c in self._cycles if c.completed_once]
 
     @property
     def url(self) -> str:

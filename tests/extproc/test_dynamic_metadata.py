@@ -49,7 +49,7 @@ def director(condition: str = "has(usage.completion_tokens)") -> Director:
     ds = Datastore()
     ds.upsert(EndpointSpec("ep0", "10.0.0.1", 8000, {}))
     ds.update_metrics("ep0", Metrics())
-    return Director(loaded, ds)
+    return Director(loaded, ds.snapshot)
 
 
 def response_headers(content_type: str) -> pb.ProcessingRequest:

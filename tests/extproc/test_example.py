@@ -115,7 +115,7 @@ async def test_envoy_with_the_example_checks_epicks_certificate(tmp_path: Path, 
     pair = issuer.issue(dns="epick.example.com" if cert == "another name" else "localhost")
     secret = SecretDir(tmp_path / "certs", pair)
     config = yaml.safe_load(with_ca(tmp_path, trusted.pem))
-    director = Director(load_default_config(seed=1), Datastore())
+    director = Director(load_default_config(seed=1), Datastore().snapshot)
     server = ExtProcServer(
         director, ExtProcOptions(host="127.0.0.1", port=0, health_port=0, cert_path=str(secret.path))
     )
@@ -147,7 +147,7 @@ def test_the_example_has_gie_gateway_settings() -> None:
 
 
 async def test_the_ext_proc_port_answers_health_checks() -> None:
-    director = Director(load_default_config(seed=1), Datastore())
+    director = Director(load_default_config(seed=1), Datastore().snapshot)
     server = ExtProcServer(director, ExtProcOptions(host="127.0.0.1", port=0, health_port=0, secure=False))
     await server.start()
     try:

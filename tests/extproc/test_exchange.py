@@ -17,12 +17,13 @@ from epick.datalayer.health import EndpointHealth, OutlierPolicy
 from epick.extproc import exchange as exchange_module
 from epick.extproc.exchange import BUFFERED, FULL_DUPLEX_STREAMED, GRPC, NONE, STREAMED, Exchange
 from epick.extproc.messages import CHUNK_BYTES
-from epick.framework import Metrics
+from epick.framework import Endpoint, InferenceRequest, Metrics, Response, TypedName
 from epick.requestcontrol.director import (
     DESTINATION_HEADER,
     PREFILL_HEADER,
     Director,
     Observer,
+    RequestCycle,
     ResponseNeeds,
 )
 
@@ -35,13 +36,36 @@ class UsageMetrics(Observer):
     reads_usage = True
 
 
-def director(max_body_bytes: int = 1 << 20, observer: Observer | None = None) -> Director:
+def director(
+    max_body_bytes: int = 1 << 20, observer: Observer | None = None, *, statuses: bool = False
+) -> Director:
+    """Two endpoints; `statuses`: outlier detection counts the responses' statuses."""
     ds = Datastore()
     for i in range(2):
         ds.upsert(EndpointSpec(f"ep{i}", f"10.0.0.{i + 1}", 8000, {}))
         ds.update_metrics(f"ep{i}", Metrics(waiting_queue_size=i))
     observer = observer if observer is not None else UsageMetrics()
-    return Director(load_default_config(seed=1), ds, max_body_bytes=max_body_bytes, observer=observer)
+    health = EndpointHealth(ds, OutlierPolicy(consecutive_failures=5)) if statuses else None
+    return Director(
+        load_default_config(seed=1),
+        ds.snapshot,
+        max_body_bytes=max_body_bytes,
+        observer=observer,
+        health=health,
+    )
+
+
+class Completions:
+    """A ResponseComplete hook that records (request id, error) of each completed response."""
+
+    typed_name = TypedName("completions", "test")
+
+    def __init__(self, d: Director) -> None:
+        self.seen: list[tuple[str, str | None]] = []
+        d.config.hooks.response_complete.append(self)
+
+    def response_complete(self, request: InferenceRequest, response: Response, endpoint: Endpoint) -> None:
+        self.seen.append((request.request_id, response.error))
 
 
 def config(request: int, response: int = STREAMED, early: bool = False) -> pb.ProtocolConfiguration:
@@ -136,18 +160,17 @@ def test_full_duplex_request_trailers_end_the_body() -> None:
 
 def test_full_duplex_echoes_each_response_chunk_and_reports_completion() -> None:
     d = director()
-    completed: list[str] = []
-    d.response_complete = lambda request, response, endpoint: completed.append(request.request.request_id)  # type: ignore[method-assign]
+    hook = Completions(d)
     ex = Exchange(d)
     ex.handle(headers(config(FULL_DUPLEX_STREAMED, FULL_DUPLEX_STREAMED)))
     ex.handle(body(BODY, eos=True))
     assert kinds(ex.handle(response_headers())) == ["response_headers"]
     first = ex.handle(response_body(b"data: one\n\n", eos=False))
     assert streamed_body(first, "response_body") == (b"data: one\n\n", [False])
-    assert completed == []
+    assert hook.seen == []
     last = ex.handle(response_body(b"data: [DONE]\n\n", eos=True))
     assert streamed_body(last, "response_body") == (b"data: [DONE]\n\n", [True])
-    assert completed == ["r1"]
+    assert [request_id for request_id, _ in hook.seen] == ["r1"]
 
 
 def test_buffered_answers_headers_at_once_and_routes_in_the_body_answer() -> None:
@@ -241,14 +264,13 @@ def test_headers_without_a_body_are_refused_as_a_bad_request() -> None:
 
 def test_a_stream_that_ends_early_reports_the_response_complete_with_an_error() -> None:
     d = director()
-    errors: list[str | None] = []
-    d.response_complete = lambda request, response, endpoint: errors.append(response.error)  # type: ignore[method-assign]
+    hook = Completions(d)
     ex = Exchange(d)
     ex.handle(headers(config(FULL_DUPLEX_STREAMED)))
     ex.handle(body(BODY, eos=True))
     ex.abandon()
     ex.abandon()
-    assert errors == ["stream ended before the response did"]
+    assert [error for _, error in hook.seen] == ["stream ended before the response did"]
 
 
 # Asking for no more of the response than the service reads.
@@ -260,9 +282,7 @@ def reads_nothing() -> Director:
 
 
 def reads_statuses() -> Director:
-    d = reads_nothing()
-    d.health = EndpointHealth(d.datastore, OutlierPolicy(consecutive_failures=5))
-    return d
+    return director(observer=Observer(), statuses=True)
 
 
 def test_what_the_service_reads_of_responses() -> None:
@@ -270,7 +290,7 @@ def test_what_the_service_reads_of_responses() -> None:
     assert reads_nothing().response_needs is ResponseNeeds.NONE
     assert reads_statuses().response_needs is ResponseNeeds.HEADERS
     off = reads_nothing()
-    off.health = EndpointHealth(off.datastore, OutlierPolicy(consecutive_failures=0))
+    off.health = EndpointHealth(Datastore(), OutlierPolicy(consecutive_failures=0))
     assert off.response_needs is ResponseNeeds.NONE
 
 
@@ -290,14 +310,20 @@ def test_buffered_and_streamed_ask_envoy_for_the_response_headers_only(request_m
     assert ex.response.status == 503
 
 
-def test_with_nothing_to_read_the_response_headers_are_skipped_too() -> None:
+def test_with_nothing_to_read_the_response_headers_are_skipped_too(monkeypatch: pytest.MonkeyPatch) -> None:
     ex = Exchange(reads_nothing())
     (answer,) = ex.handle(headers(config(BUFFERED, BUFFERED)))
     assert answer.mode_override.response_header_mode == exchange_module.SKIP
     assert answer.mode_override.response_body_mode == NONE
     ex.handle(body(BODY, eos=True))
     completed: list[str] = []
-    ex.director.response_complete = lambda d, r, e: completed.append(r.error or "ok")  # type: ignore[method-assign]
+    complete = RequestCycle.completed
+
+    def recording(cycle: RequestCycle, response: Response, endpoint: Endpoint) -> None:
+        completed.append(response.error or "ok")
+        complete(cycle, response, endpoint)
+
+    monkeypatch.setattr(RequestCycle, "completed", recording)
     ex.abandon()
     assert completed == ["ok"]
 

@@ -17,7 +17,7 @@ from epick.requestcontrol.director import Director
 
 
 def server(**options: object) -> ExtProcServer:
-    director = Director(load_default_config(seed=1), Datastore())
+    director = Director(load_default_config(seed=1), Datastore().snapshot)
     return ExtProcServer(director, ExtProcOptions(host="127.0.0.1", port=0, health_port=0, **options))  # type: ignore[arg-type]
 
 

@@ -124,7 +124,7 @@ class SecretDir:
 
 @asynccontextmanager
 async def serving(**options: object) -> AsyncIterator[ExtProcServer]:
-    director = Director(load_default_config(seed=1), Datastore())
+    director = Director(load_default_config(seed=1), Datastore().snapshot)
     server = ExtProcServer(director, ExtProcOptions(host="127.0.0.1", port=0, health_port=0, **options))  # type: ignore[arg-type]
     await server.start()
     try:
@@ -307,7 +307,7 @@ async def test_a_second_server_cannot_take_the_same_ports(secure: bool) -> None:
     """gRPC would share a port between two processes (SO_REUSEPORT) and split Envoy's streams between
     two prefix indexes; epick binds its ports exclusively, and a second bind names the port."""
     ds = Datastore()
-    director = Director(load_default_config(seed=1), ds)
+    director = Director(load_default_config(seed=1), ds.snapshot)
     first = ExtProcServer(director, ExtProcOptions(host="127.0.0.1", port=0, health_port=0, secure=secure))
     await first.start()
     try:

@@ -85,12 +85,14 @@ def test_the_simulated_server_stands_alone(path: Path) -> None:
 
 
 # The router's public API, as the fleet simulator may use it: the framework's types, configs, the
-# request path that every front end runs, and the flow controller the service runs in front of it.
+# request lifecycle that every front end runs (director, cycle, path), and the flow controller.
 PUBLIC_API = {
     "epick.framework",
     "epick.config",
     "epick.flowcontrol",
     "epick.requestcontrol.path",
+    "epick.requestcontrol.director",
+    "epick.requestcontrol.cycle",
     "epick.requestcontrol.errors",
     "epick.kvcache",
 }

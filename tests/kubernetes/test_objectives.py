@@ -36,7 +36,7 @@ def spec(pool: str, priority: Any = None) -> dict[str, Any]:
 
 
 def priority_of(service: Service, objective: str, header: str = "x-gateway-inference-objective") -> int:
-    request = service.director.parse(BODY, {header: objective})[0]
+    request = service.director.parse(BODY, {header: objective}).request
     return request.priority
 
 

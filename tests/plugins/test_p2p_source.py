@@ -213,14 +213,18 @@ def test_bad_parameters_name_their_path(parameters: dict[str, Any], where: str) 
 
 
 def test_ext_proc_sets_the_header_a_hook_added_and_removes_a_clients_own() -> None:
+    from epick.config import load_default_config
+    from epick.datalayer.datastore import Datastore
     from epick.extproc.messages import routing
-    from epick.requestcontrol.director import Decision
+    from epick.requestcontrol.director import Director
 
     decode = ep("a", "10.0.0.1")
     result = decided(decode)
-    plain = routing(Decision(make_request(), result, b"{}", "m", None), content_length=None)
+    cycle = Director(load_default_config(seed=1), Datastore().snapshot).cycle(make_request())
+    cycle.result = result
+    plain = routing(cycle, content_length=None)
     assert HEADER in plain.header_mutation.remove_headers
     result.hook_headers[HEADER] = "10.0.0.2:8080"
-    common = routing(Decision(make_request(), result, b"{}", "m", None), content_length=None)
+    common = routing(cycle, content_length=None)
     sets = {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
     assert sets[HEADER] == "10.0.0.2:8080" and HEADER not in common.header_mutation.remove_headers

@@ -338,9 +338,11 @@ def test_a_parser_ref_to_the_type_makes_a_default_instance() -> None:
 
 def test_director_forwards_the_grpc_body_unchanged() -> None:
     reg = in_tree_registry()
-    director = Director(load_config_file(CONFIG, registry=reg), Datastore())
+    director = Director(load_config_file(CONFIG, registry=reg), Datastore().snapshot)
     body = grpc_body({"model": "m1", "messages": [{"role": "user", "content": "Hi"}]})
-    request, forwarded, client_model, parser, read_response = director.parse(body, GRPC, CHAT)
+    parsed = director.parse(body, GRPC, CHAT)
+    request, forwarded, client_model = parsed.request, parsed.body, parsed.client_model
+    parser, read_response = parsed.parser, parsed.read_response
     assert forwarded == body
     assert (client_model, request.target_model) == ("m1", "m1")
     assert parser.typed_name.type == "vertexai-parser"

@@ -496,9 +496,11 @@ def test_a_parser_ref_to_the_type_makes_a_default_instance() -> None:
 
 
 def test_director_forwards_the_grpc_body_unchanged() -> None:
-    director = Director(load_config_file(CONFIGS[1], registry=_registry()), Datastore())
+    director = Director(load_config_file(CONFIGS[1], registry=_registry()), Datastore().snapshot)
     body = generate_tokens([1, 2, 3, 4], max_tokens(16), STREAM)
-    request, forwarded, client_model, parser, read_response = director.parse(body, GRPC, GENERATE)
+    parsed = director.parse(body, GRPC, GENERATE)
+    request, forwarded, client_model = parsed.request, parsed.body, parsed.client_model
+    parser, read_response = parsed.parser, parsed.read_response
     assert forwarded == body
     assert (client_model, request.target_model) == ("", "")
     assert parser.typed_name.type == "vllmgrpc-parser"

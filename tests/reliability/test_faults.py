@@ -36,6 +36,7 @@ from epick.datalayer.health import OutlierPolicy
 from epick.extproc.server import ExtProcOptions
 from epick.framework import Endpoint
 from epick.proxy.server import ENDPOINT_HEADER
+from epick.requestcontrol.cycle import RequestCycle
 from epick.service import Service
 from epick.sim.server import SimServer
 from tests.conftest import MakeApp, MakeSim
@@ -165,7 +166,11 @@ def fake_clock(service: Service) -> FakeClock:
 
 
 async def test_a_killed_server_loses_no_plain_request_and_only_streams_it_was_serving(
-    sim_processes: StartSims, make_sim: MakeSim, make_service: MakeService, http: aiohttp.ClientSession
+    sim_processes: StartSims,
+    make_sim: MakeSim,
+    make_service: MakeService,
+    http: aiohttp.ClientSession,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     (victim,) = await sim_processes(1)
     others = [name_of(await make_sim()) for _ in range(2)]
@@ -180,7 +185,7 @@ async def test_a_killed_server_loses_no_plain_request_and_only_streams_it_was_se
 
     # The kill: once `kill_after` requests are done, at the first chunk the proxy relays of a stream
     # from the victim (so that stream is mid-response there), synchronously, in the proxy's relay loop.
-    streaming = service.director.response_streaming
+    streaming = RequestCycle.streamed
 
     def kill_mid_stream(decision: Any, response: Any, endpoint: Endpoint) -> None:
         nonlocal at_kill
@@ -192,7 +197,7 @@ async def test_a_killed_server_loses_no_plain_request_and_only_streams_it_was_se
             at_kill = attempts.in_flight.copy()
         streaming(decision, response, endpoint)
 
-    service.director.response_streaming = kill_mid_stream  # type: ignore[method-assign]
+    monkeypatch.setattr(RequestCycle, "streamed", kill_mid_stream)
 
     async def one(i: int) -> Outcome:
         nonlocal done

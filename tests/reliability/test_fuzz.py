@@ -38,7 +38,7 @@ from epick.datalayer.datastore import Datastore, EndpointSpec
 from epick.extproc.exchange import BUFFERED, BUFFERED_PARTIAL, FULL_DUPLEX_STREAMED, STREAMED, Exchange
 from epick.extproc.server import ExtProcOptions, ExtProcServer
 from epick.framework import Metrics
-from epick.requestcontrol.director import Director
+from epick.requestcontrol.director import Director, RequestCycle
 from epick.service import Service
 from tests.conftest import MakeSim
 from tests.proxy.conftest import MODEL, MakeService, proxy_url
@@ -571,7 +571,7 @@ def fuzz_director() -> Director:
     for i in range(2):
         ds.upsert(EndpointSpec(f"ep{i}", f"10.0.0.{i + 1}", 8000, {}))
         ds.update_metrics(f"ep{i}", Metrics(waiting_queue_size=i))
-    return Director(load_default_config(seed=1), ds, max_body_bytes=4096)
+    return Director(load_default_config(seed=1), ds.snapshot, max_body_bytes=4096)
 
 
 DIRECTOR = fuzz_director()  # shared by every example, as one server's director is by every stream
@@ -585,7 +585,8 @@ class Accounting:
         self.completed: list[Any] = []
 
     def __enter__(self) -> Accounting:
-        decide, complete = DIRECTOR.decide, DIRECTOR.response_complete
+        decide, self._complete = DIRECTOR.decide, RequestCycle.completed
+        complete = self._complete
 
         def deciding(*args: Any, **kwargs: Any) -> Any:
             decision = decide(*args, **kwargs)
@@ -597,11 +598,12 @@ class Accounting:
             complete(decision, response, endpoint)
 
         DIRECTOR.decide = deciding  # type: ignore[method-assign]
-        DIRECTOR.response_complete = completing  # type: ignore[method-assign]
+        RequestCycle.completed = completing  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        del DIRECTOR.decide, DIRECTOR.response_complete  # the class's methods again
+        del DIRECTOR.decide  # the class's method again
+        RequestCycle.completed = self._complete  # type: ignore[method-assign]
 
     def each_completed_once(self) -> bool:
         return Counter(map(id, self.completed)) == Counter(map(id, self.decided))

@@ -55,9 +55,10 @@ def body(**fields: Any) -> bytes:
 
 
 def director(ds: Datastore | None = None, config: LoadedConfig | None = None, **kw: Any) -> Director:
-    return Director(
-        config or load_default_config(seed=SEED), ds if ds is not None else make_store(0, 0), **kw
-    )
+    store = ds if ds is not None else make_store(0, 0)
+    d = Director(config or load_default_config(seed=SEED), store.snapshot, **kw)
+    store.subscribe(d.endpoint_changed)
+    return d
 
 
 def refused(d: Director, payload: bytes, headers: dict[str, str] | None = None) -> RequestError:
@@ -336,7 +337,7 @@ def test_pre_request_hooks_teach_the_prefix_index() -> None:
     assert len(prefix.index) > 0
 
     second = InferenceRequest.from_openai({"model": "m", "prompt": LONG_PROMPT})
-    endpoints = d.datastore.snapshot()
+    endpoints = d.candidates()
     scores = prefix.score(second, CycleState(), endpoints)
     assert scores == [1.0 if ep.name == chosen.name else 0.0 for ep in endpoints]
     # And the scheduler follows the cache: the same prompt goes to the same endpoint.
@@ -392,10 +393,10 @@ def test_response_hooks_run_in_order() -> None:
     log.clear()
     response = Response(decision.request.request_id, streaming=True)
     endpoint = decision.targets[0]
-    d.response_received(decision, response, endpoint)
-    d.response_streaming(decision, response, endpoint)
-    d.response_streaming(decision, response, endpoint)
-    d.response_complete(decision, response, endpoint)
+    decision.received(response, endpoint)
+    decision.streamed(response, endpoint)
+    decision.streamed(response, endpoint)
+    decision.completed(response, endpoint)
     assert log == [
         ("a", "received"),
         ("b", "received"),
@@ -417,9 +418,9 @@ def test_a_hook_that_raises_is_logged_not_propagated(caplog: pytest.LogCaptureFi
     d = director(config=config)
     decision = d.decide(body(), {}, "/v1/completions")  # no exception
     response = Response(decision.request.request_id)
-    d.response_received(decision, response, decision.targets[0])
-    d.response_streaming(decision, response, decision.targets[0])
-    d.response_complete(decision, response, decision.targets[0])
+    decision.received(response, decision.targets[0])
+    decision.streamed(response, decision.targets[0])
+    decision.completed(response, decision.targets[0])
     # The good hook after the bad one still ran every time.
     assert [what for name, what in log if name == "good"] == [
         "pre_request",
@@ -444,11 +445,12 @@ def test_replace_config() -> None:
 
 
 def test_an_endpoint_that_leaves_is_forgotten_by_the_prefix_index() -> None:
-    d = director(make_store(0, 0))
+    store = make_store(0, 0)
+    d = director(store)
     prefix = next(p for p in d.config.plugins.values() if isinstance(p, PrefixCacheScorer))
     chosen = d.decide(body(prompt="a long shared system prompt " * 20), {}, "/v1/completions").targets[0].name
     assert chosen in prefix.index.endpoints()
-    d.datastore.remove(chosen)
+    store.remove(chosen)
     assert chosen not in prefix.index.endpoints()
     # The next decision runs on the endpoint that is left, with no stale match.
     assert (
@@ -482,5 +484,5 @@ def test_the_shared_state_is_brought_up_to_date_before_every_scheduling() -> Non
     d.before_schedule = lambda: calls.append(len(calls))
     decision = d.decide(body(), {}, "/v1/completions")
     assert calls == [0]
-    d.schedule(decision.request, exclude=frozenset({decision.targets[0].name}))
+    decision.reschedule(frozenset({decision.targets[0].name}))
     assert calls == [0, 1]

@@ -49,7 +49,7 @@ def setup(config: LoadedConfig | None = None, **kw: object) -> tuple[Director, E
     holder: list[Director] = []
     metrics = EppMetrics(POOL, ds, lambda: holder[0].config)
     config.scheduler.timer = metrics
-    director = Director(config, ds, observer=metrics, **kw)  # type: ignore[arg-type]
+    director = Director(config, ds.snapshot, observer=metrics, **kw)  # type: ignore[arg-type]
     holder.append(director)
     return director, metrics, ds
 

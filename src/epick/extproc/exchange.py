@@ -44,7 +44,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epick.extproc import messages
 from epick.framework import Endpoint, Response
-from epick.requestcontrol.director import DEFAULT_PATH, Decision, Director, ResponseNeeds
+from epick.requestcontrol.director import DEFAULT_PATH, Director, RequestCycle, ResponseNeeds
 from epick.requestcontrol.errors import RequestError, too_large
 
 log = logging.getLogger(__name__)
@@ -129,7 +129,7 @@ class Exchange:
     size: int = 0  # its length so far
     unanswered_chunks: int = 0  # body messages not yet answered (headers answered late)
     chunks: int = 0
-    decision: Decision | None = None
+    decision: RequestCycle | None = None
     response: Response | None = None
     completed: bool = False
     closed: bool = False
@@ -250,13 +250,14 @@ class Exchange:
         self.pending = None
         received = self.body
         try:
-            decision = await self.director.decide_async(received, self.headers, _path(self.headers))
+            decision = self.director.begin(received, self.headers, _path(self.headers))
+            await decision.admit()
         except RequestError as e:
             return self._fail(e)
         return self._routed(decision, received, phase=phase, more=more)
 
     def _routed(
-        self, decision: Decision, received: bytes, *, phase: str, more: bool
+        self, decision: RequestCycle, received: bytes, *, phase: str, more: bool
     ) -> list[pb.ProcessingResponse]:
         answers = self._routing_answers(decision, received, phase=phase, more=more)
         if not more:
@@ -264,7 +265,7 @@ class Exchange:
         return answers
 
     def _routing_answers(
-        self, decision: Decision, received: bytes, *, phase: str, more: bool
+        self, decision: RequestCycle, received: bytes, *, phase: str, more: bool
     ) -> list[pb.ProcessingResponse]:
         self.decision = decision
         if phase == "headers":
@@ -342,7 +343,7 @@ class Exchange:
         status = int(raw_status) if raw_status.isdigit() else 0  # 0: not known
         streaming = d.request.body.stream
         self.response = Response(d.request.request_id, status=status, headers=headers, streaming=streaming)
-        self.director.response_received(d, self.response, self.endpoint)
+        d.received(self.response, self.endpoint)
         if self.response.add_headers:
             answer.response_headers.response.header_mutation.set_headers.extend(
                 messages.header(k, v) for k, v in self.response.add_headers.items()
@@ -356,7 +357,7 @@ class Exchange:
         completed = False
         if d is not None and response is not None:
             response.chunk = message.body
-            self.director.response_streaming(d, response, self.endpoint)
+            d.streamed(response, self.endpoint)
             if message.end_of_stream:
                 completed = self._complete(None)
         if self.modes.response_body == FULL_DUPLEX_STREAMED:
@@ -391,7 +392,7 @@ class Exchange:
         response.chunk = b""
         if error is not None and response.status == 0:
             response.error = error
-        self.director.response_complete(d, response, self.endpoint)
+        d.completed(response, self.endpoint)
         return True
 
     def abandon(self) -> None:
@@ -404,7 +405,7 @@ class Exchange:
             self._complete("stream ended before the response did")
 
 
-def _routed_headers(decision: Decision, *, content_length: int | None) -> pb.ProcessingResponse:
+def _routed_headers(decision: RequestCycle, *, content_length: int | None) -> pb.ProcessingResponse:
     """The answer to the request headers that carries the routing, and the destinations' metadata."""
     answer = pb.ProcessingResponse()
     messages.route(answer.request_headers.response, decision, content_length=content_length)

@@ -18,7 +18,7 @@ from epick.requestcontrol.director import (
     ENCODER_HEADER,
     KV_SOURCE_HEADER,
     PREFILL_HEADER,
-    Decision,
+    RequestCycle,
 )
 from epick.requestcontrol.errors import RequestError
 
@@ -62,7 +62,7 @@ def headers_of(message: pb.HttpHeaders) -> dict[str, str]:
     }
 
 
-def route(common: pb.CommonResponse, decision: Decision, *, content_length: int | None) -> None:
+def route(common: pb.CommonResponse, decision: RequestCycle, *, content_length: int | None) -> None:
     """Fill `common` with the mutation that sends a request where `decision` says: destination and
     prefill headers set, every other control header removed, the route cache cleared so Envoy routes
     on the new headers."""
@@ -88,14 +88,14 @@ def route(common: pb.CommonResponse, decision: Decision, *, content_length: int 
     common.clear_route_cache = True
 
 
-def routing(decision: Decision, *, content_length: int | None) -> pb.CommonResponse:
+def routing(decision: RequestCycle, *, content_length: int | None) -> pb.CommonResponse:
     """`route`'s mutation as a message of its own."""
     common = pb.CommonResponse()
     route(common, decision, content_length=content_length)
     return common
 
 
-def put_destinations(metadata: struct_pb2.Struct, decision: Decision) -> None:
+def put_destinations(metadata: struct_pb2.Struct, decision: RequestCycle) -> None:
     """Set dynamic metadata `envoy.lb/x-gateway-destination-endpoint` in `metadata`: primary, then
     fallbacks."""
     targets = ",".join(ep.host_port for ep in decision.targets)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import re
@@ -26,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from epick.datalayer.datastore import Datastore
-from epick.datalayer.health import EndpointHealth
 from epick.datalayer.models import ModelCatalog
 from epick.framework import Endpoint, Response
 from epick.proxy.deadlines import Deadlines, Scope
@@ -39,8 +37,8 @@ from epick.requestcontrol.director import (
     PREFILL_HEADER,
     REQUEST_ID_HEADER,
     UNTRUSTED_HEADERS,
-    Decision,
     Director,
+    RequestCycle,
 )
 from epick.requestcontrol.errors import RequestError
 
@@ -104,13 +102,11 @@ class Proxy:
         datastore: Datastore,
         catalog: ModelCatalog | None,
         options: ProxyOptions,
-        health: EndpointHealth,
     ) -> None:
-        """`health` is where the data layer learns what the requests found: endpoints unreachable,
-        answering 5xx or hanging (the datastore is only read here)."""
+        """What each attempt finds (an endpoint unreachable, answering 5xx or hanging) goes to the
+        request's cycle, which tells the data layer; the datastore is only read here."""
         self.director = director
         self.datastore = datastore
-        self.health = health
         self.catalog = catalog
         self.options = options
         self.port = options.port
@@ -186,7 +182,8 @@ class Proxy:
             reply.error(errors.bad_request(f"request target {http.target[:200]!r} is not a path"))
             return
         try:
-            decision = await self.director.decide_async(body, http.headers, http.path)
+            decision = self.director.begin(body, http.headers, http.path)
+            await decision.admit()
         except RequestError as e:
             reply.error(e)
             return
@@ -209,11 +206,9 @@ class Proxy:
         finally:
             # Every attempt failed, the deadline passed, or the client left: the hooks must still
             # release what the request held (in-flight counts), once.
-            if not decision.completed[0]:
-                failed = Response(decision.request.request_id, status=0, error="no response completed")
-                self.director.response_complete(decision, failed, decision.targets[0])
+            decision.end("no response completed")
 
-    async def _evictable(self, http: Request, reply: Reply, decision: Decision, state: _Request) -> None:
+    async def _evictable(self, http: Request, reply: Reply, decision: RequestCycle, state: _Request) -> None:
         """The attempts, unless flow control evicts the request first: then they stop (the model
         server's connection closes) and the client gets 429 `evicted`, or, mid-stream, an error
         event that ends the stream."""
@@ -251,7 +246,7 @@ class Proxy:
             await _end_with_error(reply, "request evicted by flow control")
 
     async def _attempts(
-        self, http: Request, reply: Reply, decision: Decision, path: str, state: _Request
+        self, http: Request, reply: Reply, decision: RequestCycle, path: str, state: _Request
     ) -> None:
         """The decision's targets in turn, then one fresh decision without those that failed; only
         attempts that sent the client nothing are retried."""
@@ -273,11 +268,9 @@ class Proxy:
                     )
             if round_ == 0:
                 try:
-                    result = self.director.schedule(decision.request, exclude=frozenset(tried))
+                    targets = list(decision.reschedule(frozenset(tried)).targets)
                 except RequestError:
                     break
-                decision = dataclasses.replace(decision, result=result)
-                targets = list(result.targets)
         if last.body:
             reply.json(last.status, last.body)
             return
@@ -288,7 +281,7 @@ class Proxy:
         reply.error(RequestError(last.status, message, "upstream_failed"))
 
     async def _forward(
-        self, http: Request, reply: Reply, d: Decision, endpoint: Endpoint, *, path: str, state: _Request
+        self, http: Request, reply: Reply, d: RequestCycle, endpoint: Endpoint, *, path: str, state: _Request
     ) -> None:
         dropped = _dropped(http.headers, _NOT_FORWARDED)
         headers = {k: v for k, v in http.headers.pairs if k not in dropped}
@@ -306,15 +299,15 @@ class Proxy:
                 )
         except TimeoutError:
             reason = f"no response within {first_byte:g}s"
-            self.health.failed(endpoint.name, reason)
+            d.attempt_failed(endpoint, reason)
             raise _AttemptFailedError(reason, 504) from None
         except UpstreamError as e:
             reason = f"cannot connect: {e}"
-            self.health.unreachable(endpoint.name, reason)
+            d.attempt_failed(endpoint, reason, connected=False)
             raise _AttemptFailedError(reason) from None
         try:
             if upstream.status >= 500:
-                self.health.answered(endpoint.name, upstream.status)
+                d.attempt_failed(endpoint, f"answered {upstream.status}", status=upstream.status)
                 try:
                     error_body = await upstream.read()
                 except (TimeoutError, UpstreamError):
@@ -326,26 +319,31 @@ class Proxy:
             if not (d.request.body.stream or d.request.body.kind == "raw"):
                 await self._whole(reply, d, endpoint, upstream, response)
                 return
-            self.director.response_received(d, response, endpoint)
+            d.received(response, endpoint)
             await self._relay(reply, d, endpoint, upstream, response, state=state)
         finally:
             upstream.release()
 
     async def _whole(
-        self, reply: Reply, d: Decision, endpoint: Endpoint, upstream: UpstreamResponse, response: Response
+        self,
+        reply: Reply,
+        d: RequestCycle,
+        endpoint: Endpoint,
+        upstream: UpstreamResponse,
+        response: Response,
     ) -> None:
         """A non-streaming response is small: read it whole, so a break can still go to another endpoint."""
         try:
             body = await upstream.read()
         except (TimeoutError, UpstreamError) as e:
             reason = f"response broke off: {type(e).__name__}: {e}"
-            self.health.unreachable(endpoint.name, reason)
+            d.attempt_failed(endpoint, reason, connected=False)
             raise _AttemptFailedError(reason) from None
-        self.director.response_received(d, response, endpoint)
+        d.received(response, endpoint)
         response.chunk = body
         response.end_of_stream = True
         if self.director.config.hooks.response_complete:
-            self.director.response_complete(d, response, endpoint)
+            d.completed(response, endpoint)
             sent_first = False
         else:
             # Nothing left can add to the headers: the client gets its answer first, and the usage
@@ -355,7 +353,7 @@ class Proxy:
         headers += _metadata_headers(response)  # what the hooks reported, while the headers can still go
         reply.send(upstream.status, body, headers)
         if sent_first:
-            self.director.response_complete(d, response, endpoint)
+            d.completed(response, endpoint)
 
     def _copy_headers(
         self, upstream: UpstreamResponse, response: Response, endpoint: Endpoint
@@ -377,7 +375,7 @@ class Proxy:
     async def _relay(
         self,
         reply: Reply,
-        d: Decision,
+        d: RequestCycle,
         endpoint: Endpoint,
         upstream: UpstreamResponse,
         response: Response,
@@ -393,14 +391,14 @@ class Proxy:
                 await reply.write(chunk)
                 if chunks_read:
                     response.chunk = chunk
-                    self.director.response_streaming(d, response, endpoint)
+                    d.streamed(response, endpoint)
             response.chunk = b""
             response.end_of_stream = True
             await reply.end()
         except (TimeoutError, UpstreamError) as e:
             # The model server broke off mid-response: tell the client cleanly, stop choosing the endpoint.
             response.error = f"{type(e).__name__}: {e}"
-            self.health.unreachable(endpoint.name, f"response broke off: {response.error}")
+            d.attempt_failed(endpoint, f"response broke off: {response.error}", connected=False)
             log.warning(
                 "response from %s broke after %.2fs: %s", endpoint.name, time.monotonic() - started, e
             )
@@ -411,7 +409,7 @@ class Proxy:
             response.error = "request deadline passed" if past_deadline else "client disconnected"
             raise
         finally:
-            self.director.response_complete(d, response, endpoint)
+            d.completed(response, endpoint)
             if response.dynamic_metadata:  # too late for headers (no trailers are sent)
                 log.debug(
                     "request %s: dynamic metadata %s not sent (the response streamed)",

@@ -16,32 +16,31 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from epick.config import LoadedConfig
-from epick.datalayer.datastore import Datastore, EndpointSpec
+from epick.datalayer.datastore import EndpointSpec
 from epick.datalayer.health import EndpointHealth
 from epick.datalayer.rewrites import ModelRewrites
 from epick.flowcontrol import FlowObserver
 from epick.framework import (
     BadRequestError,
-    Endpoint,
     EndpointRemoved,
     InferenceRequest,
     Parser,
-    Response,
-    SchedulingResult,
+    Snapshot,
     new_request_id,
 )
 from epick.requestcontrol import errors
-from epick.requestcontrol.admission import EvictionSignal, FlowAdmission
-from epick.requestcontrol.errors import RequestError
+from epick.requestcontrol.admission import FlowAdmission
+from epick.requestcontrol.cycle import RequestCycle
 from epick.requestcontrol.path import Observer, RequestPath, safely
 from epick.requestcontrol.tokenize import RemoteTokenization
 from epick.requestcontrol.usage import UsageReader
 
-__all__ = ["Decision", "Director", "Observer", "ResponseNeeds"]
+__all__ = ["Director", "Observer", "Parsed", "RequestCycle", "ResponseNeeds"]
 
 log = logging.getLogger(__name__)
 
@@ -87,34 +86,22 @@ class ResponseNeeds(enum.IntEnum):
     BODY = 2  # every chunk: ResponseStreaming and ResponseComplete hooks, usage for the metrics
 
 
-@dataclass(slots=True)
-class Decision:
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """A request as its parser read it, before any decision."""
+
     request: InferenceRequest
-    result: SchedulingResult
     body: bytes  # what to forward: the client's body, or re-encoded after a model rewrite
-    client_model: str = ""  # the model the client asked for, before any rewrite
-    # Reads the response's usage with the request's parser (None: the response is not read).
-    usage: UsageReader | None = field(default=None, repr=False)
-    # Whether the response was reported complete; shared by the copies a retry makes (`replace`).
-    completed: list[bool] = field(default_factory=lambda: [False], repr=False)
-    # Flow control may evict it while in flight (enableEviction): how the front end hears of it.
-    eviction: EvictionSignal | None = field(default=None, repr=False)
-
-    @property
-    def targets(self) -> tuple[Endpoint, ...]:
-        return self.result.targets
-
-    @property
-    def prefill(self) -> Endpoint | None:
-        """The prefill endpoint when the decision disaggregates (the prefill profile ran)."""
-        return self.result.prefill
+    client_model: str  # the model the client asked for, before any rewrite
+    parser: Parser
+    read_response: bool  # whether the parser reads this request's response (its usage)
 
 
 class Director:
     def __init__(
         self,
         config: LoadedConfig,
-        datastore: Datastore,
+        candidates: Callable[[], Snapshot],
         *,
         max_body_bytes: int = 16 * 1024 * 1024,
         objectives: Mapping[str, int] | None = None,
@@ -123,8 +110,11 @@ class Director:
         rewrites: ModelRewrites | None = None,
         health: EndpointHealth | None = None,
         flow_observer: FlowObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.datastore = datastore
+        """`candidates` gives the endpoints to decide on at each moment; `clock` is flow control's
+        (the fleet simulator's is virtual)."""
+        self.candidates = candidates  # the endpoints of this moment (the datastore's snapshot)
         self.max_body_bytes = max_body_bytes
         self.objectives = dict(objectives or {})
         self.known_models = known_models
@@ -134,11 +124,11 @@ class Director:
         self.path = RequestPath(config, self.observer)
         self.tokenization = RemoteTokenization()
         self.flow_observer = flow_observer
+        self.clock = clock
         self.admission: FlowAdmission | None = self._admission(config)
         # Called before every scheduling: `epick serve --workers` applies the other workers'
         # updates already received, so a decision sees every decision that reached this process.
         self.before_schedule: Callable[[], None] | None = None
-        datastore.subscribe(self._endpoint_changed)
 
     def set_objectives(self, objectives: Mapping[str, int]) -> None:
         """Objective name -> priority (InferenceObjectives changed); flow control keeps their bands."""
@@ -152,8 +142,9 @@ class Director:
         admission = FlowAdmission(
             config.flow_control,
             config.saturation_detector,
-            lambda: self.datastore.snapshot().endpoints,
+            lambda: self.candidates().endpoints,
             observer=self.flow_observer,
+            clock=self.clock,
         )
         admission.set_desired_priorities(sorted(set(self.objectives.values())))
         return admission
@@ -162,7 +153,9 @@ class Director:
     def config(self) -> LoadedConfig:
         return self.path.config
 
-    def _endpoint_changed(self, name: str, spec: EndpointSpec | None) -> None:
+    def endpoint_changed(self, name: str, spec: EndpointSpec | None) -> None:
+        """Discovery added, changed (`spec`) or removed (None) an endpoint: plugins that keep
+        state per endpoint hear of a removal."""
         if spec is not None:
             return
         for plugin in self.config.plugins.values():
@@ -182,11 +175,9 @@ class Director:
         if self.admission is None:
             self.admission = self._admission(config)
 
-    def parse(
-        self, body: bytes, headers: Mapping[str, str], path: str = DEFAULT_PATH
-    ) -> tuple[InferenceRequest, bytes, str, Parser, bool]:
-        """(request, body to forward, the model the client named before any rewrite, the parser that
-        read it, whether its response is to be read)."""
+    def parse(self, body: bytes, headers: Mapping[str, str], path: str = DEFAULT_PATH) -> Parsed:
+        """The request a body and headers make, read by the parser that claims `path`; raises
+        `RequestError` (400, 404, 413) naming what is wrong."""
         if len(body) > self.max_body_bytes:
             raise errors.too_large(len(body), self.max_body_bytes)
         path = path.split("?", 1)[0] or DEFAULT_PATH
@@ -224,24 +215,33 @@ class Director:
             objective=objective,
             size=len(body),
         )
-        return request, body, client_model, parser, not parsed.skip_response
+        return Parsed(request, body, client_model, parser, not parsed.skip_response)
 
-    def decide(self, body: bytes, headers: Mapping[str, str], path: str = DEFAULT_PATH) -> Decision:
-        """Parse, admit, schedule and run PreRequest hooks. Raises `RequestError` with its status.
-        Flow control is not consulted, nor a model server asked for tokens: front ends call
-        `decide_async` when `needs_async`."""
-        request, body, client_model, parser, read_response = self._begin(body, headers, path)
-        return self._scheduled(request, body, client_model, parser, read_response)
+    def begin(self, body: bytes, headers: Mapping[str, str], path: str = DEFAULT_PATH) -> RequestCycle:
+        """A request's cycle: parsed, and refused when no endpoint serves its model. Raises
+        `RequestError` with the status a client gets."""
+        parsed = self.parse(body, headers, path)
+        request, client_model = parsed.request, parsed.client_model
+        model = request.target_model
+        if self.known_models is not None and model:
+            known = self.known_models()
+            if known and model not in known:
+                self.observer.error(client_model, model, "model_not_found")
+                raise errors.unknown_model(model, sorted(known))
+        self.observer.request(client_model, model)
+        usage = self._usage_reader(parsed.parser, parsed.read_response)
+        return RequestCycle(self, request, parsed.body, client_model, usage)
 
-    def _scheduled(
-        self, request: InferenceRequest, body: bytes, client_model: str, parser: Parser, read_response: bool
-    ) -> Decision:
-        try:
-            result = self.schedule(request)
-        except RequestError as e:
-            self.observer.error(client_model, request.target_model, e.code)
-            raise
-        return Decision(request, result, body, client_model, self._usage_reader(parser, read_response))
+    def cycle(self, request: InferenceRequest) -> RequestCycle:
+        """The cycle of a request already built (the fleet simulator's): nothing to parse or forward."""
+        return RequestCycle(self, request)
+
+    def decide(self, body: bytes, headers: Mapping[str, str], path: str = DEFAULT_PATH) -> RequestCycle:
+        """`begin` and `RequestCycle.decide`: a request decided without waiting (no flow control, no
+        model server's tokens)."""
+        cycle = self.begin(body, headers, path)
+        cycle.decide()
+        return cycle
 
     @property
     def response_needs(self) -> ResponseNeeds:
@@ -266,109 +266,14 @@ class Director:
 
     @property
     def needs_async(self) -> bool:
-        """Whether deciding waits on something: flow control, a model server's tokenizer, or a
-        producer's batch."""
+        """Whether deciding waits on something (`RequestCycle.admit`): flow control, a model
+        server's tokenizer, or a producer's batch."""
         hooks = self.config.hooks
         return self.admission is not None or bool(hooks.remote_tokenizers or hooks.batching)
-
-    async def decide_async(
-        self, body: bytes, headers: Mapping[str, str], path: str = DEFAULT_PATH
-    ) -> Decision:
-        """`decide`, with the token ids a model server gives (when a token producer asks one), after
-        the batching producers have seen the request's batch (before flow control), and waiting in
-        flow control when it is on (until the request is dispatched, refused, expires,
-        or the caller is cancelled: then it leaves its queue at once)."""
-        admission = self.admission
-        hooks = self.config.hooks
-        remote, batching = hooks.remote_tokenizers, hooks.batching
-        if admission is None and not remote and not batching:
-            return self.decide(body, headers, path)
-        request, body, client_model, parser, read_response = self._begin(body, headers, path)
-        if remote:
-            await self.tokenization.tokenize(request, remote)
-        if batching:
-            await self.path.collect(request, batching, self.datastore.snapshot())
-        if admission is None:
-            return self._scheduled(request, body, client_model, parser, read_response)
-        cycle_state, fairness = self.path.prepare(request)
-        usage = self._usage_reader(parser, read_response)
-
-        def dispatched() -> Decision:
-            result = self.path.decide_admitted(request, cycle_state, self.datastore.snapshot())
-            decision = Decision(request, result, body, client_model, usage)
-            if result.targets:
-                decision.eviction = admission.evictable(request, result.targets[0])
-            return decision
-
-        try:
-            return await admission.admit(request, fairness, dispatched, on_abandoned=self.abandon)
-        except RequestError as e:
-            self.observer.error(client_model, request.target_model, e.code)
-            raise
 
     async def close(self) -> None:
         """Release what deciding holds open (the tokenizer's HTTP client)."""
         await self.tokenization.close()
-
-    def _begin(
-        self, body: bytes, headers: Mapping[str, str], path: str
-    ) -> tuple[InferenceRequest, bytes, str, Parser, bool]:
-        """Parse, and refuse a model no endpoint serves."""
-        request, body, client_model, parser, read_response = self.parse(body, headers, path)
-        model = request.target_model
-        if self.known_models is not None and model:
-            known = self.known_models()
-            if known and model not in known:
-                self.observer.error(client_model, model, "model_not_found")
-                raise errors.unknown_model(model, sorted(known))
-        self.observer.request(client_model, model)
-        return request, body, client_model, parser, read_response
-
-    def abandon(self, d: Decision) -> None:
-        """A decision that will never be dispatched (its client left): release what it holds."""
-        if not d.completed[0] and d.targets:
-            failed = Response(d.request.request_id, status=0, error="client left before dispatch")
-            self.response_complete(d, failed, d.targets[0])
-
-    def schedule(self, request: InferenceRequest, exclude: frozenset[str] = frozenset()) -> SchedulingResult:
-        """The request path on the datastore's snapshot, without the endpoints named in `exclude`."""
-        if self.before_schedule is not None:
-            self.before_schedule()
-        snapshot = self.datastore.snapshot()
-        if exclude:
-            return self.path.decide(request, tuple(ep for ep in snapshot if ep.name not in exclude))
-        return self.path.decide(request, snapshot)
-
-    # Response hooks, called by the front end as the response arrives.
-    def response_received(self, d: Decision, response: Response, endpoint: Endpoint) -> None:
-        if self.health is not None and response.status:
-            self.health.answered(endpoint.name, response.status)
-        if d.usage is not None:
-            d.usage.start(response)
-        for hook in self.config.hooks.response_received:
-            safely(hook.response_received, d.request, response, endpoint)
-
-    def response_streaming(self, d: Decision, response: Response, endpoint: Endpoint) -> None:
-        if d.usage is not None:
-            d.usage.feed(response)
-        for hook in self.config.hooks.response_streaming:
-            safely(hook.response_streaming, d.request, response, endpoint)
-
-    def response_complete(self, d: Decision, response: Response, endpoint: Endpoint) -> None:
-        """Once per decision (a second report is ignored): the hooks release what the request held."""
-        if d.completed[0]:
-            return
-        d.completed[0] = True
-        if d.usage is not None:
-            d.usage.finish(response)
-            if response.usage is not None:
-                self.observer.usage(d.client_model, d.request.target_model, response.usage)
-        for hook in self.config.hooks.response_complete:
-            safely(hook.response_complete, d.request, response, endpoint)
-        if d.eviction is not None:
-            d.eviction.release()
-        if self.admission is not None:
-            self.admission.notify()  # capacity freed: a waiting request may go now
 
 
 def _check_text(value: object) -> None:

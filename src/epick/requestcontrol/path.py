@@ -73,8 +73,14 @@ class RequestPath:
         first of all. With flow control on, a sheddable request is not shed here: the flow
         controller holds it (see `prepare` and `decide_admitted`).
         """
-        config = self.config
         cycle_state = self.read_headers(request)
+        self.shed(request, candidates)
+        return self.decide_admitted(request, cycle_state, candidates)
+
+    def shed(self, request: InferenceRequest, candidates: Snapshot | Sequence[Endpoint]) -> None:
+        """Admission without flow control: no candidates is 503; a sheddable request (priority < 0)
+        meeting a saturated pool is 429. (With flow control on, the flow controller holds it.)"""
+        config = self.config
         if not candidates:
             raise errors.no_endpoints()
         if request.priority < 0 and config.flow_control is None:
@@ -84,7 +90,6 @@ class RequestPath:
                 raise errors.shed(
                     f"pool saturated ({saturation:.2f}); sheddable request (priority {request.priority})"
                 )
-        return self.decide_admitted(request, cycle_state, candidates)
 
     def decide_admitted(
         self, request: InferenceRequest, cycle_state: CycleState, candidates: Snapshot | Sequence[Endpoint]

@@ -70,7 +70,7 @@ class Service:
         self.rewrites = RewriteSources(settings.model_rewrites_file, settings.rewrites_pool, settings.seed)
         self.director = Director(
             self._prepare(self.config),
-            self.datastore,
+            self.datastore.snapshot,
             max_body_bytes=settings.body_limit,
             objectives=dict(settings.objectives),
             known_models=self.catalog.known,
@@ -79,10 +79,9 @@ class Service:
             rewrites=self.rewrites.current(),
             health=self.health,
         )
+        self.datastore.subscribe(self.director.endpoint_changed)
         self.proxy = (
-            Proxy(self.director, self.datastore, self.catalog, settings.proxy, self.health)
-            if settings.proxy
-            else None
+            Proxy(self.director, self.datastore, self.catalog, settings.proxy) if settings.proxy else None
         )
         self.extproc = ExtProcServer(self.director, settings.extproc) if settings.extproc else None
         self._metrics_runner: web.AppRunner | None = None

@@ -2,15 +2,16 @@
 
 Each request becomes the `InferenceRequest` the service would build (a completion whose prompt is
 the request's text, spelt only if a plugin reads it); the candidates are the servers, named as the
-fleet names them, with the metrics of their last scrape; `RequestPath.decide` admits, schedules and
-runs the PreRequest hooks exactly as for the proxy and ext_proc, and the response hooks run when the
-request finishes.
+fleet names them, with the metrics of their last scrape. A director made on that snapshot and the
+virtual clock makes each request's `RequestCycle`, the same as for the proxy and ext_proc: it admits,
+schedules and runs the PreRequest hooks, and the response hooks as the simulated response streams
+back. The decision's prefill server goes back to the fleet with the decode server (`Route`).
 
-With the `flowControl` gate on, the service's flow controller runs here in virtual time: a request
+With the `flowControl` gate on, the director's flow controller runs here in virtual time: a request
 the pool has no room for is held (`HELD`), dispatched by the fleet's calls to `dispatch` (after every
 arrival and completion, and every dispatch interval while requests wait, as the service's ticker),
-and refused once its queue-wait budget runs out. Its tenant is its fairness id, its priority its
-objective's.
+and refused once its queue-wait budget runs out; once dispatched, its cycle decides it
+(`RequestCycle.dispatched`). Its tenant is its fairness id, its priority its objective's.
 
 When a server restarts and leaves the pool (`Churn` with a downtime), the plugins hear it as the
 service tells them when discovery removes an endpoint: `endpoint_removed` (the approximate prefix
@@ -25,7 +26,6 @@ from epick.config import LoadedConfig
 from epick.flowcontrol import FlowController, FlowItem, Outcome
 from epick.framework import (
     ROLE_LABEL,
-    CycleState,
     Endpoint,
     EndpointRemoved,
     InferenceRequest,
@@ -39,33 +39,29 @@ from epick.framework import (
     reads_of,
 )
 from epick.kvcache import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEvent, KVEventSink
+from epick.requestcontrol.director import Director, RequestCycle
 from epick.requestcontrol.errors import RequestError
-from epick.requestcontrol.path import RequestPath
 from epick.sim import engine as sim_engine
 from epick.simulate import vocab
-from epick.simulate.types import BASE_MODEL, HELD, RefusedError, ServerView, SimRequestSpec
+from epick.simulate.types import BASE_MODEL, HELD, RefusedError, Route, ServerView, SimRequestSpec
 
 
 class EpickPolicy:
     def __init__(self, name: str, config: LoadedConfig) -> None:
         self.name = name
         self.config = config
-        self.path = RequestPath(config)
+        self._now = 0.0
+        self._endpoints = Snapshot((), 0)
+        self.director = Director(config, lambda: self._endpoints, clock=lambda: self._now)
         # Metrics nobody reads (by the plugins' declarations) need no scrape.
         self.reads_metrics = any(reads_of(p) & Reads.METRICS for p in config.plugins.values())
-        self._endpoints = Snapshot((), 0)
         self._servers: dict[str, int] = {}  # endpoint name -> server index
         self._snapshot_key: tuple[object, ...] = ()
         self._membership = 0  # changes each time a server leaves or joins the pool
-        self._requests: dict[str, tuple[InferenceRequest, Endpoint]] = {}
-        self._prefill: int | None = None  # the prefill server of the request routed last
+        self._cycles: dict[str, RequestCycle] = {}  # routed, not finished: by request id
         self._session_headers: dict[str, dict[str, str]] = {}  # per session: from its last response
-        self._now = 0.0
-        self.flow: FlowController | None = None
-        if config.flow_control is not None:
-            self.flow = FlowController(
-                config.flow_control, config.saturation_detector, clock=lambda: self._now
-            )
+        admission = self.director.admission
+        self.flow: FlowController | None = admission.controller if admission is not None else None
         # Plugins that keep a KV-block index hear the simulated engines' events (in virtual time),
         # and read the request's token ids, which the simulated client sends as the engine sees them.
         self.sinks = [p for p in config.plugins.values() if isinstance(p, KVEventSink)]
@@ -76,9 +72,8 @@ class EpickPolicy:
         self._served: dict[str, int] = {}  # request id -> tokens it produced
         self._responses: dict[str, Response] = {}  # streaming, by request id
         self.reads_tokens = any(reads_of(p) & Reads.TOKENS for p in config.plugins.values())
-        self._held: dict[int, tuple[SimRequestSpec, CycleState]] = {}  # request key -> (spec, its state)
-        self._prefills: dict[str, int | None] = {}  # dispatched by flow control: their prefill server
-        self._released: list[tuple[SimRequestSpec, int | RefusedError]] = []
+        self._held: dict[int, tuple[SimRequestSpec, RequestCycle]] = {}  # by request key
+        self._released: list[tuple[SimRequestSpec, int | Route | RefusedError]] = []
 
     def _candidates(self, servers: Sequence[ServerView]) -> Snapshot:
         if not self.reads_metrics:
@@ -158,34 +153,36 @@ class EpickPolicy:
         self._now = now
         self._membership += 1
 
-    def route(self, request: SimRequestSpec, servers: Sequence[ServerView], now: float) -> int:
-        self._prefill = None
+    def route(self, request: SimRequestSpec, servers: Sequence[ServerView], now: float) -> int | Route:
         self._now = now
-        req = self.request(request)
+        cycle = self.director.cycle(self.request(request))
+        self._endpoints = self._candidates(servers)
         if self.flow is not None:
-            return self._enqueue(request, req, servers)
+            return self._enqueue(request, cycle)
         try:
-            result = self.path.decide(req, self._candidates(servers))
+            cycle.decide()
         except RequestError as e:
             # Nothing fits (every endpoint filtered out, or shed): the service answers 429 or 503,
             # and the request fails.
             raise RefusedError(f"refused by the scheduler: {e.message}") from None
-        target = result.targets[0]
-        self._requests[request.request_id] = (req, target)
-        prefill = result.prefill
-        if prefill is not None:
-            self._prefill = self._servers[prefill.name]
-        return self._servers[target.name]
+        return self._routed(request, cycle)
 
-    def _enqueue(self, spec: SimRequestSpec, req: InferenceRequest, servers: Sequence[ServerView]) -> int:
+    def _routed(self, spec: SimRequestSpec, cycle: RequestCycle) -> int | Route:
+        """The decided cycle's servers: its target, and its prefill server when it has one."""
+        self._cycles[spec.request_id] = cycle
+        server = self._servers[cycle.targets[0].name]
+        prefill = cycle.prefill
+        return server if prefill is None else Route(server, self._servers[prefill.name])
+
+    def _enqueue(self, spec: SimRequestSpec, cycle: RequestCycle) -> int | Route:
         assert self.flow is not None
-        cycle_state, fairness = self.path.prepare(req)
-        self._held[req.key] = (spec, cycle_state)
+        request = cycle.request
+        self._held[request.key] = (spec, cycle)
         item = self.flow.submit(
-            req, fairness_id=fairness, byte_size=len(spec.tokens) * 4, on_finalize=self._finalized
+            request, fairness_id=cycle.enter(), byte_size=len(spec.tokens) * 4, on_finalize=self._finalized
         )
         if item.outcome is None:
-            self.flow.dispatch_once(self._candidates(servers).endpoints)
+            self.flow.dispatch_once(self._endpoints.endpoints)
         if item.outcome is None:
             return HELD
         # Decided at once: dispatched (or refused) in this very call.
@@ -196,31 +193,29 @@ class EpickPolicy:
         return released[1]
 
     def _finalized(self, item: FlowItem) -> None:
-        """Flow control let `item` go: schedule it now, or refuse it."""
-        spec, cycle_state = self._held.pop(item.request.key)
+        """Flow control let `item` go: its cycle decides it now, or it is refused."""
+        spec, cycle = self._held.pop(item.request.key)
         if item.outcome is not Outcome.DISPATCHED:
             self._released.append((spec, RefusedError(f"refused by flow control: {item.reason}")))
             return
         try:
-            result = self.path.decide_admitted(item.request, cycle_state, self._endpoints)
+            cycle.dispatched()
         except RequestError as e:
             self._released.append((spec, RefusedError(f"refused by the scheduler: {e.message}")))
             return
-        target = result.targets[0]
-        self._requests[spec.request_id] = (item.request, target)
-        self._prefills[spec.request_id] = self._servers[result.prefill.name] if result.prefill else None
-        self._released.append((spec, self._servers[target.name]))
+        self._released.append((spec, self._routed(spec, cycle)))
 
     def dispatch(
         self, servers: Sequence[ServerView], now: float
-    ) -> list[tuple[SimRequestSpec, int | RefusedError]]:
+    ) -> list[tuple[SimRequestSpec, int | Route | RefusedError]]:
         """One dispatch tick: expire what waited too long, then one dispatch cycle (the service's
         ticker runs one per interval; arrivals and completions run their own)."""
         if self.flow is None:
             return []
         self._now = now
+        self._endpoints = self._candidates(servers)
         self.flow.sweep()
-        self.flow.dispatch_once(self._candidates(servers).endpoints)
+        self.flow.dispatch_once(self._endpoints.endpoints)
         released, self._released = self._released, []
         return released
 
@@ -228,11 +223,6 @@ class EpickPolicy:
         if self.flow is None or not self.flow.queued:
             return None
         return now + self.flow.settings.dispatch_interval
-
-    def prefill_server(self, request: SimRequestSpec) -> int | None:
-        if request.request_id in self._prefills:
-            return self._prefills.pop(request.request_id)
-        return self._prefill
 
     # Timed: a response as it streams back.
     @property
@@ -242,26 +232,20 @@ class EpickPolicy:
 
     def first_token(self, request: SimRequestSpec, now: float) -> None:
         """The first chunk: the response's headers and first chunk reach the hooks (in virtual time)."""
-        entry = self._requests.get(request.request_id)
-        hooks = self.config.hooks
-        if entry is None or not (hooks.response_received or hooks.response_streaming):
+        cycle = self._cycles.get(request.request_id)
+        if cycle is None or not self.hears_first_tokens:
             return
         self._now = now
-        req, endpoint = entry
-        response = Response(req.request_id, streaming=True)
+        response = Response(cycle.request.request_id, streaming=True)
         self._responses[request.request_id] = response
-        self._received(request, req, response, endpoint)
-        for streaming in hooks.response_streaming:
-            streaming.response_streaming(req, response, endpoint)
+        self._received(request, cycle, response)
+        cycle.streamed(response, cycle.targets[0])
 
     def served(self, request: SimRequestSpec, output_tokens: int) -> None:
         self._served[request.request_id] = output_tokens
 
-    def _received(
-        self, request: SimRequestSpec, req: InferenceRequest, response: Response, endpoint: Endpoint
-    ) -> None:
-        for received in self.config.hooks.response_received:
-            received.response_received(req, response, endpoint)
+    def _received(self, request: SimRequestSpec, cycle: RequestCycle, response: Response) -> None:
+        cycle.received(response, cycle.targets[0])
         if request.session and response.add_headers:
             self._session_headers[request.session] = dict(response.add_headers)
 
@@ -271,24 +255,22 @@ class EpickPolicy:
         self._now = now
         tokens = self._served.pop(request.request_id, None)
         response = self._responses.pop(request.request_id, None)
-        entry = self._requests.pop(request.request_id, None)
-        if entry is None:
+        cycle = self._cycles.pop(request.request_id, None)
+        if cycle is None:
             return
         hooks = self.config.hooks
-        if not hooks.response_received and not hooks.response_complete:
+        if not (hooks.response_received or hooks.response_complete or self.flow is not None):
             return
-        req, endpoint = entry
         if response is None:
-            response = Response(req.request_id, streaming=True)
+            response = Response(cycle.request.request_id, streaming=True)
             if tokens is not None:  # one that failed before its first token got no response at all
-                self._received(request, req, response, endpoint)
+                self._received(request, cycle, response)
         if tokens is None:
             response.status, response.error = 500, "the simulated request failed"
         else:
             response.usage = Usage(len(request.tokens), tokens)
         response.end_of_stream = True
-        for complete in hooks.response_complete:
-            complete.response_complete(req, response, endpoint)
+        cycle.completed(response, cycle.targets[0])
 
 
 def _vllm_event(event: object, adapters: Mapping[int, str]) -> KVEvent:

@@ -10,7 +10,7 @@ service's scrapers), and a scrape reads what the engine published after its last
 The first request routed after an interval boundary refreshes them.
 
 Servers may have roles (`roles`: "prefill" or "decode", the label llm-d.ai/role). When a policy
-sends a request's prefill elsewhere (`Disaggregating`), the prefill server computes the prompt and
+routes a request with its prefill elsewhere (a `Route`), the prefill server computes the prompt and
 one token, as llm-d's prefill pods do; then the decode server receives the prompt's KV (the cost
 model's transfer time per token it does not hold already) and generates every output token. The
 request's TTFT is its first token from the decode server, its prefix hit the prefill server's.
@@ -49,7 +49,6 @@ from epick.simulate.types import (
     BASE_MODEL,
     HELD,
     Churn,
-    Disaggregating,
     KVEventConsumer,
     MembershipAware,
     Policy,
@@ -58,6 +57,7 @@ from epick.simulate.types import (
     ServerView,
     SimRequestSpec,
     Timed,
+    route_of,
 )
 
 _ARRIVE, _ENGINE, _DISPATCH, _KV_EVENTS, _RESTART, _RETURN, _FIRST_TOKEN = 0, 1, 2, 3, 4, 5, 6
@@ -172,7 +172,6 @@ class Fleet:
         self._restarted_unnoticed: set[int] = set()  # restarted in place, no KV event heard since
         self._earlier_busy = [0.0] * servers  # busy time of each server's earlier engines
         self._earlier_prefix = [0, 0]  # prefix lookups and hits of engines replaced by restarts
-        self._disaggregating = policy if isinstance(policy, Disaggregating) else None
         self._queueing = policy if isinstance(policy, Queueing) else None
         self._timed = policy if isinstance(policy, Timed) else None
         if self._timed is not None and self._timed.hears_first_tokens:
@@ -282,7 +281,7 @@ class Fleet:
         try:
             if not self._up and self._queueing is None:
                 raise RefusedError("no server is up")  # every server restarting at once
-            server = self.policy.route(spec, self._up, now)
+            server, prefill = route_of(self.policy.route(spec, self._up, now))
         except RefusedError as e:
             record = RequestRecord(
                 spec.request_id,
@@ -305,12 +304,11 @@ class Fleet:
             return
         record = RequestRecord(spec.request_id, server, None, now, tenant=spec.tenant, priority=spec.priority)
         self._records[spec.request_id] = record
-        self._start(spec, record, now)
+        self._start(spec, record, now, prefill)
 
-    def _start(self, spec: SimRequestSpec, record: RequestRecord, now: float) -> None:
+    def _start(self, spec: SimRequestSpec, record: RequestRecord, now: float, prefill: int | None) -> None:
         """Send a routed request to its server (its prompt first to the prefill server, if any)."""
         server = record.server
-        prefill = self._disaggregating.prefill_server(spec) if self._disaggregating is not None else None
         if prefill == server:
             prefill = None
         record.prefill_server = prefill
@@ -354,8 +352,8 @@ class Fleet:
                 record.finish = now
                 self._done(spec, now)
                 continue
-            record.server = outcome
-            self._start(spec, record, now)
+            record.server, prefill = route_of(outcome)
+            self._start(spec, record, now, prefill)
             if record.failed is not None:
                 self._done(spec, now)
         self._wake_dispatch(now)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from epick.simulate import vocab
 
@@ -73,6 +73,19 @@ class ServerView:
 HELD = -1  # `Policy.route`'s answer when the policy holds the request (flow control) to dispatch later
 
 
+class Route(NamedTuple):
+    """Where a request goes when its prompt is computed on another server (disaggregated prefill):
+    `Policy.route`'s answer in place of a server index."""
+
+    server: int
+    prefill: int | None
+
+
+def route_of(answer: int | Route) -> Route:
+    """A policy's answer as a `Route` (a plain server index computes its own prompt)."""
+    return answer if isinstance(answer, Route) else Route(answer, None)
+
+
 class RefusedError(Exception):
     """Raised by `Policy.route` when the policy turns the request away, as the service answers 429 or
     503 when no endpoint passes the filters: the fleet counts the request as failed, with this reason."""
@@ -86,8 +99,9 @@ class Policy(Protocol):
     # when it does not, the fleet skips scraping altogether.
     reads_metrics: bool
 
-    def route(self, request: SimRequestSpec, servers: Sequence[ServerView], now: float) -> int:
-        """The index of the chosen server; `RefusedError` when there is none for this request."""
+    def route(self, request: SimRequestSpec, servers: Sequence[ServerView], now: float) -> int | Route:
+        """The index of the chosen server, or a `Route` naming its prefill server too; `RefusedError`
+        when there is none for this request."""
         ...
 
     def finished(self, request: SimRequestSpec, server: int, now: float) -> None: ...
@@ -128,22 +142,12 @@ class Queueing(Protocol):
 
     def dispatch(
         self, servers: Sequence[ServerView], now: float
-    ) -> list[tuple[SimRequestSpec, int | RefusedError]]:
-        """Held requests that leave now: each with its server, or why it was refused (expired)."""
+    ) -> list[tuple[SimRequestSpec, int | Route | RefusedError]]:
+        """Held requests that leave now: each with its server (or `Route`), or why it was refused."""
         ...
 
     def wakeup(self, now: float) -> float | None:
         """When `dispatch` should run next while nothing else happens (None: nothing is held)."""
-        ...
-
-
-@runtime_checkable
-class Disaggregating(Protocol):
-    """A policy that may send a request's prefill to another server than its decode."""
-
-    def prefill_server(self, request: SimRequestSpec) -> int | None:
-        """The server that computes the prompt of the request just routed (None: the decode server
-        does it all), asked right after `route`."""
         ...
 
 

@@ -1,0 +1,231 @@
+"""One request's life, the same whichever front end takes it and in the fleet simulator.
+
+The director makes a `RequestCycle` per request (`Director.begin` from a body and headers, or
+`Director.cycle` from a request already built, as the simulator builds them). Its steps, in order:
+
+1. `enter`: the request-header processors fill a fresh cycle state; the request's fairness id.
+2. admission, one of:
+   - `decide`: no flow control: a sheddable request meets a saturated pool (429), then step 3;
+   - `await admit`: a model server's tokens and the batching producers first, then flow control
+     holds the request until it dispatches it (`dispatched`, step 3) or refuses it;
+   - a driver of its own (the simulator's flow controller in virtual time) calls `dispatched`.
+3. the decision (`RequestPath.decide_admitted`): screeners, producers, admitters, the scheduler, the
+   PreRequest hooks. Its `SchedulingResult` (`result`) carries the targets, the prefill target and
+   the headers the hooks set; a flow-controlled request also gets its eviction line (`eviction`).
+   `reschedule` decides again without endpoints that failed (the proxy's retry).
+4. the response, as the front end relays it: `attempt_failed` (an endpoint that did not answer:
+   endpoint health hears it), `received`, `streamed` (each chunk), and `completed`, once, however
+   the request ends (`abandon` when its client left before it was dispatched).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from epick.framework import (
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    Response,
+    SchedulingResult,
+)
+from epick.requestcontrol.admission import EvictionSignal
+from epick.requestcontrol.errors import RequestError
+from epick.requestcontrol.path import safely
+from epick.requestcontrol.usage import UsageReader
+
+if TYPE_CHECKING:
+    from epick.requestcontrol.director import Director
+
+__all__ = ["RequestCycle"]
+
+log = logging.getLogger(__name__)
+
+_NOT_DECIDED = SchedulingResult({}, "")
+
+
+class RequestCycle:
+    """A request from its parsed form to its completion; see the module's docstring for the steps."""
+
+    __slots__ = (
+        "_completed",
+        "body",
+        "client_model",
+        "cycle_state",
+        "director",
+        "eviction",
+        "fairness",
+        "request",
+        "result",
+        "usage",
+    )
+
+    def __init__(
+        self,
+        director: Director,
+        request: InferenceRequest,
+        body: bytes = b"",
+        client_model: str = "",
+        usage: UsageReader | None = None,
+    ) -> None:
+        self.director = director
+        self.request = request
+        self.body = body  # what to forward: the client's body, or re-encoded after a model rewrite
+        self.client_model = client_model or request.target_model  # before any rewrite
+        self.usage = usage  # reads the response's usage (None: the response is not read for it)
+        self.result = _NOT_DECIDED
+        self.cycle_state: CycleState | None = None
+        self.fairness = ""
+        # Flow control may evict it while in flight (enableEviction): how the front end hears of it.
+        self.eviction: EvictionSignal | None = None
+        self._completed = False
+
+    # --- the decision --------------------------------------------------------------------------
+
+    @property
+    def targets(self) -> tuple[Endpoint, ...]:
+        return self.result.targets
+
+    @property
+    def prefill(self) -> Endpoint | None:
+        """The prefill endpoint when the decision disaggregates (the prefill profile ran)."""
+        return self.result.prefill
+
+    @property
+    def completed_once(self) -> bool:
+        """Whether `completed` has run."""
+        return self._completed
+
+    def enter(self) -> str:
+        """Run the request-header processors (once) and return the request's fairness id."""
+        if self.cycle_state is None:
+            self.cycle_state, self.fairness = self.director.path.prepare(self.request)
+        return self.fairness
+
+    def decide(self) -> SchedulingResult:
+        """Without flow control: shed a sheddable request when the pool is saturated, then decide.
+        Raises `RequestError` with the status a client gets."""
+        director = self.director
+        if director.before_schedule is not None:
+            director.before_schedule()
+        self.enter()
+        assert self.cycle_state is not None
+        candidates = director.candidates()
+        try:
+            director.path.shed(self.request, candidates)
+            self.result = director.path.decide_admitted(self.request, self.cycle_state, candidates)
+        except RequestError as e:
+            director.observer.error(self.client_model, self.request.target_model, e.code)
+            raise
+        return self.result
+
+    async def admit(self) -> SchedulingResult:
+        """`decide`, after what must be awaited first: a model server's tokens (when a token
+        producer asks one), the batching producers' batch, and flow control's queue (until the
+        request is dispatched, refused, expires, or the caller is cancelled: then it leaves its
+        queue at once)."""
+        director = self.director
+        hooks = director.config.hooks
+        if hooks.remote_tokenizers:
+            await director.tokenization.tokenize(self.request, hooks.remote_tokenizers)
+        if hooks.batching:
+            await director.path.collect(self.request, hooks.batching, director.candidates())
+        admission = director.admission
+        if admission is None:
+            return self.decide()
+        self.enter()
+        try:
+            return await admission.admit(
+                self.request, self.fairness, self.dispatched, on_abandoned=lambda _: self.abandon()
+            )
+        except RequestError as e:
+            director.observer.error(self.client_model, self.request.target_model, e.code)
+            raise
+
+    def dispatched(self) -> SchedulingResult:
+        """Flow control let the request go: decide it on the candidates of this moment."""
+        director = self.director
+        if director.before_schedule is not None:
+            director.before_schedule()
+        self.enter()
+        assert self.cycle_state is not None
+        self.result = director.path.decide_admitted(self.request, self.cycle_state, director.candidates())
+        admission = director.admission
+        if admission is not None and self.result.targets:
+            self.eviction = admission.evictable(self.request, self.result.targets[0])
+        return self.result
+
+    def reschedule(self, exclude: frozenset[str]) -> SchedulingResult:
+        """Decide again without the endpoints named in `exclude` (they failed); the request keeps
+        what it holds (its admission, its eviction line)."""
+        director = self.director
+        if director.before_schedule is not None:
+            director.before_schedule()
+        candidates = tuple(ep for ep in director.candidates() if ep.name not in exclude)
+        self.result = director.path.decide(self.request, candidates)
+        return self.result
+
+    def abandon(self) -> None:
+        """The request will never be dispatched (its client left): release what it holds."""
+        if not self._completed and self.result.targets:
+            failed = Response(self.request.request_id, status=0, error="client left before dispatch")
+            self.completed(failed, self.result.targets[0])
+
+    # --- the response --------------------------------------------------------------------------
+
+    def attempt_failed(
+        self, endpoint: Endpoint, reason: str, *, status: int = 0, connected: bool = True
+    ) -> None:
+        """An attempt at `endpoint` failed: it answered `status` (5xx), gave no response in time
+        (`status` 0), or could not be reached or broke off (`connected` False)."""
+        health = self.director.health
+        if health is None:
+            return
+        if not connected:
+            health.unreachable(endpoint.name, reason)
+        elif status:
+            health.answered(endpoint.name, status)
+        else:
+            health.failed(endpoint.name, reason)
+
+    def received(self, response: Response, endpoint: Endpoint) -> None:
+        """The response's status and headers (for an attempt: a retry may receive again)."""
+        director = self.director
+        if director.health is not None and response.status:
+            director.health.answered(endpoint.name, response.status)
+        if self.usage is not None:
+            self.usage.start(response)
+        for hook in director.config.hooks.response_received:
+            safely(hook.response_received, self.request, response, endpoint)
+
+    def streamed(self, response: Response, endpoint: Endpoint) -> None:
+        """A chunk of the response (`response.chunk`)."""
+        if self.usage is not None:
+            self.usage.feed(response)
+        for hook in self.director.config.hooks.response_streaming:
+            safely(hook.response_streaming, self.request, response, endpoint)
+
+    def completed(self, response: Response, endpoint: Endpoint) -> None:
+        """The response ended, or the request did (once: a second report is ignored); the hooks
+        release what the request held."""
+        if self._completed:
+            return
+        self._completed = True
+        director = self.director
+        if self.usage is not None:
+            self.usage.finish(response)
+            if response.usage is not None:
+                director.observer.usage(self.client_model, self.request.target_model, response.usage)
+        for hook in director.config.hooks.response_complete:
+            safely(hook.response_complete, self.request, response, endpoint)
+        if self.eviction is not None:
+            self.eviction.release()
+        if director.admission is not None:
+            director.admission.notify()  # capacity freed: a waiting request may go now
+
+    def end(self, reason: str) -> None:
+        """However the request ended (every attempt failed, the deadline passed, the client left):
+        complete it, if nothing did, so the hooks release what it held."""
+        if not self._completed and self.result.targets:
+            self.completed(Response(self.request.request_id, status=0, error=reason), self.result.targets[0])
