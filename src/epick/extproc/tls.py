@@ -10,8 +10,7 @@ without a server name) `ServerContexts` asks the store whether the files changed
 mtime or ctime, then their content), and hands the handshake a context made from the new set. Established
 connections, and the streams on them, keep the certificate they were made with. Files that cannot be
 read, do not parse, or whose key does not match the certificate are logged (naming the file) and the last
-good set keeps serving. `CertificateStore` is thread-safe: it also serves gRPC's dynamic credentials
-(`credentials`), whose fetcher runs on a gRPC core thread.
+good set keeps serving.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
@@ -101,9 +99,6 @@ class Material:
             h.update(len(part).to_bytes(8, "big"))
             h.update(part)
         return h.hexdigest()
-
-    def configuration(self) -> grpc.ServerCertificateConfiguration:
-        return grpc.ssl_server_certificate_configuration([(self.key, self.chain)], self.client_ca)
 
     def describe(self) -> str:
         leaf = x509.load_pem_x509_certificates(self.chain)[0]
@@ -244,40 +239,6 @@ class CertificateStore:
         self._material = material
         self._generation += 1
         log.info("ext_proc TLS certificate reloaded: %s", material.describe())
-
-    def credentials(self) -> grpc.ServerCredentials:
-        """Server credentials for one port (each port needs its own: see the module docstring)."""
-        generation, material = self.current()
-        if not self.reload:
-            return grpc.ssl_server_credentials(
-                [(material.key, material.chain)], material.client_ca, self.require_client_auth
-            )
-        return grpc.dynamic_ssl_server_credentials(
-            material.configuration(),
-            _Fetcher(self, generation),
-            require_client_authentication=self.require_client_auth,
-        )
-
-
-class _Fetcher:
-    """gRPC's certificate fetcher for one port: the store's material when it moved past what this port
-    serves, else None (no change). Called on a gRPC core thread before each new connection's handshake."""
-
-    def __init__(self, store: CertificateStore, generation: int) -> None:
-        self._store = store
-        self._generation = generation
-
-    def __call__(self) -> grpc.ServerCertificateConfiguration | None:
-        try:
-            generation, material = self._store.current()
-            if generation == self._generation:
-                return None
-            configuration = material.configuration()
-        except Exception:  # never into gRPC core: it would log a traceback and fail the fetch
-            log.exception("ext_proc TLS reload failed; the previous certificate keeps serving")
-            return None
-        self._generation = generation
-        return configuration
 
 
 class ServerContexts:
