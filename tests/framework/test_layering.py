@@ -20,6 +20,7 @@ LAYERS = [
     "requestcontrol",
     "extproc",
     "proxy",
+    "service",
     "cli",
 ]
 FORBIDDEN_IN_FRAMEWORK = {
@@ -118,3 +119,45 @@ def test_the_router_does_not_import_the_simulators(layer: str) -> None:
             assert module.split(".")[1:2] not in (["sim"], ["simulate"]), (
                 f"{path.relative_to(SRC)} imports {module}"
             )
+
+
+# Below the composition root (epick.service) only the plugin registry names concrete plugins; the
+# other layers use the framework's interfaces. What still names one is listed here, exactly: an edge
+# removed must leave this list too, and a new one fails.
+NAMES_CONCRETE_PLUGINS = {
+    "config/datalayer.py": {
+        "epick.plugins.datalayer.file_discovery",
+        "epick.plugins.datalayer.multicluster",
+    },
+    "config/loader.py": {
+        "epick.plugins.filters.utilization",
+        "epick.plugins.parsers",
+        "epick.plugins.prerequest.prefill_header",
+        "epick.plugins.profile.disagg",
+        "epick.plugins.profile.requirements",
+    },
+    "config/schema.py": {"epick.plugins.duration"},
+    "datalayer/discovery/file.py": {"epick.plugins.datalayer.file_discovery"},
+    "datalayer/scraper.py": {
+        "epick.plugins.datalayer.core_metrics",
+        "epick.plugins.datalayer.engines",
+        "epick.plugins.datalayer.http_source",
+        "epick.plugins.datalayer.metrics_source",
+    },
+    "requestcontrol/metrics.py": {
+        "epick.plugins.latency.producer",
+        "epick.plugins.prefix.precise",
+        "epick.plugins.prefix.scorer",
+    },
+}
+REGISTRY = {"epick.plugins", "epick.plugins.registry"}  # in_tree_registry, PluginSpec, Registry
+
+
+def test_below_the_service_only_the_registry_names_concrete_plugins() -> None:
+    found: dict[str, set[str]] = {}
+    for layer in LAYERS[LAYERS.index("flowcontrol") : LAYERS.index("service")]:
+        for path in sorted((SRC / layer).rglob("*.py")):
+            named = {m for m in epick_imports(path) if m.startswith("epick.plugins") and m not in REGISTRY}
+            if named:
+                found[str(path.relative_to(SRC))] = named
+    assert found == NAMES_CONCRETE_PLUGINS

@@ -20,11 +20,31 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from epick.framework.cycle_state import CycleState
+from epick.framework.datalayer import data_key
 from epick.framework.endpoint import Endpoint
 from epick.framework.plugin import Plugin
 from epick.framework.request import InferenceRequest
 
 DEFAULT_FAIRNESS_ID = "default-flow"  # upstream's id for a request that names none
+FAIRNESS_HEADERS = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id")  # upstream's, GIE's
+# Where a request-header processor leaves the agent identity it found (the `agent-identity` plugin).
+AGENT_IDENTITY_KEY = data_key("agent-identity", "")
+
+
+def fairness_id(request: InferenceRequest, cycle_state: CycleState | None = None) -> str:
+    """The request's flow (its program): its fairness header (upstream's name, then GIE's), else the
+    agent identity a request-header plugin found, else "default-flow", as upstream's director reads
+    it (llm-d/llm-d-router, requestcontrol/director.go). Request control keys flows by it too."""
+    for header in FAIRNESS_HEADERS:
+        value = request.headers.get(header)
+        if value:
+            return value
+    if cycle_state is not None:
+        agent = cycle_state.read(AGENT_IDENTITY_KEY, str)
+        if agent:
+            return agent
+    return DEFAULT_FAIRNESS_ID
 
 
 @dataclass(frozen=True, slots=True)

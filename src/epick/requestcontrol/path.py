@@ -28,7 +28,7 @@ from epick.framework import (
     Snapshot,
     Usage,
 )
-from epick.plugins.flowcontrol.program_aware import fairness_id
+from epick.framework.flowcontrol import fairness_id
 from epick.requestcontrol import errors
 from epick.requestcontrol.errors import RequestError
 

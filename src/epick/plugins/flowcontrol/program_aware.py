@@ -58,14 +58,12 @@ from typing import Any
 from pydantic import model_validator
 
 from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads, Response
-from epick.framework.flowcontrol import DEFAULT_FAIRNESS_ID, FlowQueue, PriorityBand
+from epick.framework.flowcontrol import FlowQueue, PriorityBand, fairness_id
 from epick.framework.results import SchedulingResult
 from epick.plugins.registry import Handle, Parameters, PluginSpec
-from epick.plugins.requestheader.agent_identity import AGENT_IDENTITY_KEY
 
 TYPE = "program-aware-fairness"
 STRATEGY_LAS = "las"
-FAIRNESS_HEADERS = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id")
 WEIGHT_INPUT_TOKEN = 1
 WEIGHT_OUTPUT_TOKEN = 2
 # Requests picked but not yet dispatched (or dispatched but not yet completed) whose notes are kept:
@@ -226,21 +224,6 @@ class LASStrategy:
 
     def evict(self, program: str) -> None:
         self.states.pop(program, None)
-
-
-def fairness_id(request: InferenceRequest, cycle_state: CycleState | None = None) -> str:
-    """The request's flow (its program): its fairness header (upstream's name, then GIE's), else the
-    agent identity a request-header plugin found, else "default-flow", as upstream's director reads
-    it (llm-d/llm-d-router, requestcontrol/director.go). Request control keys flows by it too."""
-    for header in FAIRNESS_HEADERS:
-        value = request.headers.get(header)
-        if value:
-            return value
-    if cycle_state is not None:
-        agent = cycle_state.read(AGENT_IDENTITY_KEY, str)
-        if agent:
-            return agent
-    return DEFAULT_FAIRNESS_ID
 
 
 def _remember(table: OrderedDict[int, Any], key: int, value: Any) -> None:

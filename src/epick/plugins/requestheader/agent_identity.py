@@ -15,11 +15,10 @@ from __future__ import annotations
 from pydantic import Field
 
 from epick.framework import CycleState, InferenceRequest, NamedPlugin, Reads
-from epick.framework.datalayer import data_key
+from epick.framework.flowcontrol import AGENT_IDENTITY_KEY
 from epick.plugins.registry import Handle, Parameters, PluginSpec
 
 TYPE = "agent-identity"
-AGENT_IDENTITY_KEY = data_key("agent-identity", "")
 DEFAULT_HEADERS = ("x-claude-code-session-id", "x-session-affinity", "session-id", "session_id")
 
 
