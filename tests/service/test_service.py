@@ -43,6 +43,15 @@ async def started(fake: FakeModelServer, **kw: object) -> Service:
     return service
 
 
+async def proxied(make_app: MakeApp, mode: str, drain_timeout: float) -> tuple[FakeModelServer, Service, str]:
+    """A fake model server in `mode`, a service in front of it, and the proxy's completions URL."""
+    fake = FakeModelServer(mode)
+    fake.server = await make_app(fake.app())
+    service = await started(fake, drain_timeout=drain_timeout)
+    assert service.proxy is not None
+    return fake, service, f"http://127.0.0.1:{service.proxy.port}/v1/completions"
+
+
 async def test_a_service_from_settings_serves_the_proxy_ext_proc_health_and_metrics(
     make_app: MakeApp,
 ) -> None:
@@ -66,11 +75,7 @@ async def test_a_service_from_settings_serves_the_proxy_ext_proc_health_and_metr
 
 
 async def test_stop_lets_a_request_in_flight_finish_and_accepts_no_new_one(make_app: MakeApp) -> None:
-    fake = FakeModelServer("gated")
-    fake.server = await make_app(fake.app())
-    service = await started(fake, drain_timeout=30.0)
-    assert service.proxy is not None
-    url = f"http://127.0.0.1:{service.proxy.port}/v1/completions"
+    fake, service, url = await proxied(make_app, "gated", drain_timeout=30.0)
     async with aiohttp.ClientSession() as http:
         response = await http.post(url, json={"model": MODEL, "prompt": "x", "stream": True})
         assert response.status == 200
@@ -93,11 +98,7 @@ async def test_stop_lets_a_request_in_flight_finish_and_accepts_no_new_one(make_
 
 
 async def test_the_drain_timeout_bounds_how_long_stop_waits(make_app: MakeApp) -> None:
-    fake = FakeModelServer("hang")
-    fake.server = await make_app(fake.app())
-    service = await started(fake, drain_timeout=0.2)
-    assert service.proxy is not None
-    url = f"http://127.0.0.1:{service.proxy.port}/v1/completions"
+    fake, service, url = await proxied(make_app, "hang", drain_timeout=0.2)
     async with aiohttp.ClientSession() as http:
         pending = asyncio.create_task(http.post(url, json={"model": MODEL, "prompt": "x"}))
         await wait_until(lambda: len(fake.requests) == 1, what="the request to reach the model server")
