@@ -129,14 +129,6 @@ NAMES_CONCRETE_PLUGINS = {
         "epick.plugins.datalayer.file_discovery",
         "epick.plugins.datalayer.multicluster",
     },
-    "config/loader.py": {
-        "epick.plugins.filters.utilization",
-        "epick.plugins.parsers",
-        "epick.plugins.prerequest.prefill_header",
-        "epick.plugins.profile.disagg",
-        "epick.plugins.profile.requirements",
-    },
-    "config/schema.py": {"epick.plugins.duration"},
     "datalayer/discovery/file.py": {"epick.plugins.datalayer.file_discovery"},
     "datalayer/scraper.py": {
         "epick.plugins.datalayer.core_metrics",
@@ -150,7 +142,9 @@ NAMES_CONCRETE_PLUGINS = {
         "epick.plugins.prefix.scorer",
     },
 }
-REGISTRY = {"epick.plugins", "epick.plugins.registry"}  # in_tree_registry, PluginSpec, Registry
+# The registry (in_tree_registry, PluginSpec, Registry, Parameters) and the parameter types plugins
+# declare their parameters with (Duration): no plugin.
+REGISTRY = {"epick.plugins", "epick.plugins.registry", "epick.plugins.duration"}
 
 
 def test_below_the_service_only_the_registry_names_concrete_plugins() -> None:

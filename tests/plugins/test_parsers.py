@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from epick.config import ConfigError, load_config_text
+from epick.config.defaults import PARSER_TYPES
 from epick.framework import (
     BadRequestError,
     ChatMessage,
@@ -28,7 +29,6 @@ from epick.framework import (
     Usage,
     merge_usage,
 )
-from epick.plugins.parsers import PARSER_TYPES
 from epick.plugins.parsers.anthropic import AnthropicParser
 from epick.plugins.parsers.openai import OpenAIParser
 from epick.plugins.parsers.passthrough import PassthroughParser

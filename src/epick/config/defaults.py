@@ -24,7 +24,19 @@ schedulingProfiles:
 DEFAULT_PROFILE = "default"
 DEFAULT_PICKER = "max-score-picker"
 DEFAULT_HANDLER = "single-profile-handler"
+# Built with the thresholds of a `saturationDetector` section, or as the default detector.
+DEFAULT_SATURATION_DETECTOR = "utilization-detector"
 
 # Upstream's parsers when a config lists none (llm-d/llm-d-router, pkg/epp/config/loader/defaults.go):
 # the last, claiming no path, forwards what the others do not claim.
 DEFAULT_PARSERS = ("openai-parser", "anthropic-parser", "vllmhttp-parser", "passthrough-parser")
+# The parser types upstream registers (named in the fixes a wrong parser reference gets).
+PARSER_TYPES = (
+    "openai-parser",
+    "anthropic-parser",
+    "vllmhttp-parser",
+    "sglanghttp-parser",
+    "vertexai-parser",
+    "vllmgrpc-parser",
+    "passthrough-parser",
+)

@@ -88,6 +88,26 @@ class ProfileHandler(Plugin, Protocol):
 
 
 @runtime_checkable
+class NeedsProfiles(Protocol):
+    """A plugin that refers to profiles by name (a profile handler's prefill and decode profiles):
+    the config loader checks that each exists."""
+
+    def required_profiles(self) -> dict[str, str]:
+        """Profile names this plugin refers to, keyed by the parameter that names them."""
+        ...
+
+
+@runtime_checkable
+class PrefillProfileBound(Protocol):
+    """A plugin bound to the profile whose target prefills: the profile handler that runs it, and a
+    hook that acts on its target (the prefill-header-handler). A config's must all name one."""
+
+    def bound_prefill_profile(self) -> str:
+        """The name of the profile that prefills, as this plugin knows it."""
+        ...
+
+
+@runtime_checkable
 class DataProducer(Plugin, Protocol):
     """Computes per-request data before scheduling (upstream's `DataProducer.Produce`): writes it to
     the cycle state under its data key "<dataType>/<its name>", where consumers configured with its

@@ -36,6 +36,9 @@ class PrefillHeaderHandler(NamedPlugin):
         self.prefill_profile = prefill_profile
         self.explicit = explicit  # prefillProfile was given, not defaulted
 
+    def bound_prefill_profile(self) -> str:
+        return self.prefill_profile
+
     def required_profiles(self) -> dict[str, str]:
         return {"prefillProfile": self.prefill_profile} if self.explicit else {}
 

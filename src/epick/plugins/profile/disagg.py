@@ -147,6 +147,9 @@ class DisaggProfileHandler(NamedPlugin):
         self.stage_order = stage_order
         self._skipped_key = state_key(self) + "/skipped"
 
+    def bound_prefill_profile(self) -> str:
+        return self.prefill_profile
+
     def required_profiles(self) -> dict[str, str]:
         need = {"profiles.decode": self.decode_profile}
         if self.decider is not None:
