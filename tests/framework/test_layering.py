@@ -136,11 +136,6 @@ NAMES_CONCRETE_PLUGINS = {
         "epick.plugins.datalayer.http_source",
         "epick.plugins.datalayer.metrics_source",
     },
-    "requestcontrol/metrics.py": {
-        "epick.plugins.latency.producer",
-        "epick.plugins.prefix.precise",
-        "epick.plugins.prefix.scorer",
-    },
 }
 # The registry (in_tree_registry, PluginSpec, Registry, Parameters) and the parameter types plugins
 # declare their parameters with (Duration): no plugin.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
@@ -260,3 +261,35 @@ def test_predicted_latency_metrics_compare_predictions_with_responses() -> None:
     assert s.value("llm_d_epp_predicted_latency_actual_milliseconds_total", **tpot) == pytest.approx(10.0)
     assert s.value("llm_d_epp_predicted_latency_learned", **ttft) == 0.0
     assert s.value("llm_d_epp_predicted_latency_model_fits_total", **ttft) == 0.0
+
+
+def test_any_plugin_that_exports_metrics_is_on_the_page_with_its_plugin_label() -> None:
+    """An out-of-tree plugin's samples reach /metrics the same way as the in-tree ones'."""
+    from prometheus_client import CollectorRegistry
+
+    from epick.framework import MetricSample, NamedPlugin
+    from epick.requestcontrol.metrics import plugin_metrics
+
+    class Counting(NamedPlugin):
+        plugin_type = "counting-scorer"
+
+        def metric_samples(self) -> list[MetricSample]:
+            return [
+                MetricSample("my_plugin_calls", "Calls.", "counter", 3.0, (("kind", "score"),)),
+                MetricSample("my_plugin_depth", "Depth.", "gauge", 0.5),
+            ]
+
+    class Collect:
+        def __init__(self, plugins: list[object]) -> None:
+            self.plugins = plugins
+
+        def collect(self) -> Any:
+            return plugin_metrics(self.plugins)
+
+    registry = CollectorRegistry()
+    registry.register(Collect([Counting("a"), Counting("b"), object()]))  # type: ignore[arg-type]
+    page = generate_latest(registry).decode()
+    assert 'my_plugin_calls_total{kind="score",plugin="a/counting-scorer"} 3.0' in page
+    assert 'my_plugin_calls_total{kind="score",plugin="b/counting-scorer"} 3.0' in page
+    assert 'my_plugin_depth{plugin="b/counting-scorer"} 0.5' in page
+    assert "# TYPE inference_extension_prefix_indexer_size gauge" in page  # GIE's, always there

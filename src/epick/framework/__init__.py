@@ -27,6 +27,7 @@ from epick.framework.interfaces import (
     Scorer,
     Screener,
 )
+from epick.framework.metrics import LLMD_SUBSYSTEM, ExportsMetrics, MetricSample
 from epick.framework.parsing import ParsedRequest, Parser, ParserSet, merge_usage
 from epick.framework.plugin import NamedPlugin, Plugin, TypedName, state_key
 from epick.framework.profile import SchedulerProfile, WeightedScorer
@@ -52,6 +53,7 @@ from epick.framework.tokens import RemoteTokenizer, TokenizeCall, TokenizedPromp
 from epick.framework.trace import ScheduleTrace
 
 __all__ = [
+    "LLMD_SUBSYSTEM",
     "ROLE_LABEL",
     "Admitter",
     "BadRequestError",
@@ -62,8 +64,10 @@ __all__ = [
     "Endpoint",
     "EndpointRemoved",
     "EndpointsFilteredError",
+    "ExportsMetrics",
     "Filter",
     "InferenceRequest",
+    "MetricSample",
     "Metrics",
     "NamedPlugin",
     "NeedsProfiles",

@@ -3,7 +3,7 @@ v1.x, site-src/guides/metrics-and-observability.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -13,11 +13,8 @@ from epick.config import LoadedConfig
 from epick.datalayer.datastore import Datastore
 from epick.flowcontrol import FlowItem, FlowObserver
 from epick.flowcontrol.registry import BandStats
-from epick.framework import InferenceRequest, Plugin, Usage
+from epick.framework import ExportsMetrics, InferenceRequest, Plugin, Usage
 from epick.framework.flowcontrol import FlowKey
-from epick.plugins.latency.producer import Accuracy, PredictedLatencyProducer
-from epick.plugins.prefix.precise import PrecisePrefixCacheProducer
-from epick.plugins.prefix.scorer import PrefixCacheScorer
 from epick.requestcontrol.director import Observer
 from epick.requestcontrol.series import Counters, Histograms
 
@@ -44,7 +41,6 @@ QUEUE_BUCKETS = (
     30.0,
     60.0,
 )
-LLMD_SUBSYSTEM = "llm_d_epp"  # llm-d-router's EPP metrics subsystem
 CYCLE_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 
 
@@ -73,110 +69,44 @@ class _PoolState(Collector):
             g = GaugeMetricFamily(name, doc, labels=["name"])
             g.add_metric([self.pool], value)
             yield g
-        size = GaugeMetricFamily(
-            "inference_extension_prefix_indexer_size",
-            "Block hashes in the approximate prefix index.",
-            labels=["plugin"],
-        )
-        ratio = GaugeMetricFamily(
-            "inference_extension_prefix_indexer_hit_ratio",
-            "Share of prompt blocks found on the chosen endpoint.",
-            labels=["plugin"],
-        )
-        for plugin in self.config().plugins.values():
-            if isinstance(plugin, PrefixCacheScorer):
-                size.add_metric([str(plugin.typed_name)], float(len(plugin.index)))
-                ratio.add_metric([str(plugin.typed_name)], plugin.hit_ratio)
-        yield size
-        yield ratio
-        yield from _precise_index(self.config())
-        yield from _predicted_latency(self.config())
+        yield from plugin_metrics(self.config().plugins.values())
 
 
-def _precise_index(config: LoadedConfig) -> Iterator[Metric]:
-    """llm-d's KV-block index metrics (llm-d/llm-d-router pkg/kvcache/metrics), for the precise
-    producers whose `kvBlockIndexConfig.enableMetrics` is on; and the index's size in keys."""
-    producers = [
-        p for p in config.plugins.values() if isinstance(p, PrecisePrefixCacheProducer) and p.enable_metrics
-    ]
-    if not producers:
-        return
-    families: list[tuple[str, str, Callable[[PrecisePrefixCacheProducer], int]]] = [
-        ("kv_cache_index_admissions", "Total number of KV-block admissions", _admissions),
-        ("kv_cache_index_evictions", "Total number of KV-block evictions", _evictions),
-        ("kv_cache_index_lookup_requests", "Total number of lookup calls", _lookups),
-        ("kv_cache_index_lookup_hits", "Contiguous prefix blocks matched by the best pod per lookup", _hits),
-    ]
-    for name, doc, value in families:
-        counter = CounterMetricFamily(f"{LLMD_SUBSYSTEM}_{name}", doc, labels=["plugin"])
-        for p in producers:
-            counter.add_metric([str(p.typed_name)], float(value(p)))
-        yield counter
-    keys = GaugeMetricFamily(
-        f"{LLMD_SUBSYSTEM}_kv_cache_index_keys", "Block keys in the index.", labels=["plugin"]
-    )
-    for p in producers:
-        keys.add_metric([str(p.typed_name)], float(len(p.index)))
-    yield keys
+# Families GIE always exposes, with or without a plugin that reports them.
+ALWAYS_EXPOSED = (
+    ("inference_extension_prefix_indexer_size", "Block hashes in the approximate prefix index.", "gauge"),
+    (
+        "inference_extension_prefix_indexer_hit_ratio",
+        "Share of prompt blocks found on the chosen endpoint.",
+        "gauge",
+    ),
+)
 
 
-def _predicted_latency(config: LoadedConfig) -> Iterator[Metric]:
-    """How each predicted-latency producer's predictions compare with the responses (epick's own
-    names; upstream records histograms per request under inference_objective_*)."""
-    producers = [p for p in config.plugins.values() if isinstance(p, PredictedLatencyProducer)]
-    if not producers:
-        return
-    prefix = f"{LLMD_SUBSYSTEM}_predicted_latency"
-    labels = ["plugin", "target"]
-    counters: list[tuple[str, str, Callable[[Accuracy], float]]] = [
-        ("responses", "Responses the predictor learned from", lambda a: a.responses),
-        ("predicted_responses", "Of them, those a prediction was made for", lambda a: a.predicted),
-        ("actual_milliseconds", "Sum of the observed latencies", lambda a: a.actual_ms),
-        ("predicted_milliseconds", "Sum of the latencies predicted for them", lambda a: a.predicted_ms),
-        ("absolute_error_milliseconds", "Sum of |predicted - observed|", lambda a: a.absolute_error_ms),
-        (
-            "objective_misses",
-            "Responses slower than the request's latency objective",
-            lambda a: a.objective_misses,
-        ),
-    ]
-    for name, doc, value in counters:
-        counter = CounterMetricFamily(f"{prefix}_{name}", doc, labels=labels)
-        for p in producers:
-            counter.add_metric([str(p.typed_name), "ttft"], float(value(p.ttft_accuracy)))
-            counter.add_metric([str(p.typed_name), "tpot"], float(value(p.tpot_accuracy)))
-        yield counter
-    fits = CounterMetricFamily(
-        f"{prefix}_model_fits", "Models fitted on the observed responses", labels=labels
-    )
-    learned = GaugeMetricFamily(
-        f"{prefix}_learned", "1 when a learned model answers, 0 while the analytic model does", labels=labels
-    )
-    for p in producers:
-        ttft_fits, tpot_fits = p.predictor.fits
-        ttft_learned, tpot_learned = p.predictor.trained
-        fits.add_metric([str(p.typed_name), "ttft"], float(ttft_fits))
-        fits.add_metric([str(p.typed_name), "tpot"], float(tpot_fits))
-        learned.add_metric([str(p.typed_name), "ttft"], float(ttft_learned))
-        learned.add_metric([str(p.typed_name), "tpot"], float(tpot_learned))
-    yield fits
-    yield learned
+def plugin_metrics(plugins: Iterable[object]) -> Iterator[Metric]:
+    """The families of what every plugin that exports metrics reports, each sample labelled with
+    its plugin (`type/name`) first."""
+    families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+    for name, doc, kind in ALWAYS_EXPOSED:
+        families[name] = _family(name, doc, kind, ())
+    for plugin in plugins:
+        if not isinstance(plugin, ExportsMetrics):
+            continue
+        label = str(plugin.typed_name)
+        for sample in plugin.metric_samples():
+            family = families.get(sample.name)
+            if family is None:
+                keys = tuple(k for k, _ in sample.labels)
+                family = families[sample.name] = _family(sample.name, sample.documentation, sample.kind, keys)
+            family.add_metric([label, *(v for _, v in sample.labels)], sample.value)
+    yield from families.values()
 
 
-def _admissions(p: PrecisePrefixCacheProducer) -> int:
-    return p.index.admissions
-
-
-def _evictions(p: PrecisePrefixCacheProducer) -> int:
-    return p.index.evictions
-
-
-def _lookups(p: PrecisePrefixCacheProducer) -> int:
-    return p.lookups
-
-
-def _hits(p: PrecisePrefixCacheProducer) -> int:
-    return p.lookup_hits
+def _family(name: str, doc: str, kind: str, keys: tuple[str, ...]) -> CounterMetricFamily | GaugeMetricFamily:
+    labels = ["plugin", *keys]
+    if kind == "counter":
+        return CounterMetricFamily(name, doc, labels=labels)
+    return GaugeMetricFamily(name, doc, labels=labels)
 
 
 class EppMetrics(Observer):

@@ -57,6 +57,7 @@ from epick.framework import (
     SchedulingResult,
 )
 from epick.framework.datalayer import data_key
+from epick.framework.metrics import LLMD_SUBSYSTEM, MetricSample
 from epick.plugins.duration import parse_duration
 from epick.plugins.latency.learners import learner_for
 from epick.plugins.latency.predictor import AnalyticModel, Matrix, OnlinePredictor, feature_matrix
@@ -259,6 +260,21 @@ class Accuracy:
             self.objective_misses += 1
 
 
+# The accuracy counters, per target (ttft, tpot): name, documentation, value.
+ACCURACY_COUNTERS: tuple[tuple[str, str, Callable[[Accuracy], float]], ...] = (
+    ("responses", "Responses the predictor learned from", lambda a: a.responses),
+    ("predicted_responses", "Of them, those a prediction was made for", lambda a: a.predicted),
+    ("actual_milliseconds", "Sum of the observed latencies", lambda a: a.actual_ms),
+    ("predicted_milliseconds", "Sum of the latencies predicted for them", lambda a: a.predicted_ms),
+    ("absolute_error_milliseconds", "Sum of |predicted - observed|", lambda a: a.absolute_error_ms),
+    (
+        "objective_misses",
+        "Responses slower than the request's latency objective",
+        lambda a: a.objective_misses,
+    ),
+)
+
+
 class _RunningSet:
     """The requests running on one endpoint, with the smallest TPOT objective among them first."""
 
@@ -321,6 +337,34 @@ class PredictedLatencyProducer(NamedPlugin):
         self._running: dict[str, _RunningSet] = {}
         self.ttft_accuracy = Accuracy()
         self.tpot_accuracy = Accuracy()
+
+    # ExportsMetrics: how the predictions compare with the responses (epick's own names; upstream
+    # records histograms per request under inference_objective_*).
+    def metric_samples(self) -> Iterator[MetricSample]:
+        prefix = f"{LLMD_SUBSYSTEM}_predicted_latency"
+        accuracy = (("ttft", self.ttft_accuracy), ("tpot", self.tpot_accuracy))
+        for name, doc, value in ACCURACY_COUNTERS:
+            for target, of in accuracy:
+                yield MetricSample(
+                    f"{prefix}_{name}", doc, "counter", float(value(of)), (("target", target),)
+                )
+        fits, trained = self.predictor.fits, self.predictor.trained
+        for i, target in enumerate(("ttft", "tpot")):
+            labels = (("target", target),)
+            yield MetricSample(
+                f"{prefix}_model_fits",
+                "Models fitted on the observed responses",
+                "counter",
+                float(fits[i]),
+                labels,
+            )
+            yield MetricSample(
+                f"{prefix}_learned",
+                "1 when a learned model answers, 0 while the analytic model does",
+                "gauge",
+                float(trained[i]),
+                labels,
+            )
 
     # What consumers read.
     def predictions(self, cycle_state: CycleState) -> Mapping[str, LatencyPrediction] | None:

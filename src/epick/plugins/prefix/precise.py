@@ -37,12 +37,13 @@ from __future__ import annotations
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads, SchedulingResult
+from epick.framework.metrics import LLMD_SUBSYSTEM, MetricSample
 from epick.framework.request import CHARS_PER_TOKEN
 from epick.kvcache import (
     DEFAULT_TIER_WEIGHTS,
@@ -228,6 +229,21 @@ class PrecisePrefixCacheProducer(NamedPlugin):
         self.lookups = 0  # lookups made (upstream's kv_cache_index_lookup_requests_total)
         self.lookup_hits = 0  # blocks of the best candidate's run, summed over lookups
         self._speculative: deque[tuple[float, tuple[int, ...], str]] = deque()
+
+    # ExportsMetrics: llm-d's KV-block index metrics (llm-d/llm-d-router pkg/kvcache/metrics), when
+    # `kvBlockIndexConfig.enableMetrics` is on; and the index's size in keys.
+    def metric_samples(self) -> Iterator[MetricSample]:
+        if not self.enable_metrics:
+            return
+        prefix = f"{LLMD_SUBSYSTEM}_kv_cache_index"
+        for name, doc, value in (
+            ("admissions", "Total number of KV-block admissions", self.index.admissions),
+            ("evictions", "Total number of KV-block evictions", self.index.evictions),
+            ("lookup_requests", "Total number of lookup calls", self.lookups),
+            ("lookup_hits", "Contiguous prefix blocks matched by the best pod per lookup", self.lookup_hits),
+        ):
+            yield MetricSample(f"{prefix}_{name}", doc, "counter", float(value))
+        yield MetricSample(f"{prefix}_keys", "Block keys in the index.", "gauge", float(len(self.index)))
 
     # KVEventSink: what the data layer subscribes to and feeds.
     @property

@@ -18,7 +18,7 @@ score = w × min(1, matched tokens / scale)² + (1 − w) × matched blocks / pr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pydantic import Field, model_validator
@@ -33,6 +33,7 @@ from epick.framework import (
     state_key,
 )
 from epick.framework.datalayer import data_key
+from epick.framework.metrics import MetricSample
 from epick.framework.request import CHARS_PER_TOKEN
 from epick.plugins.prefix.hashing import prompt_block_hashes
 from epick.plugins.prefix.index import PrefixIndex, SharedIndex
@@ -41,6 +42,11 @@ from epick.plugins.registry import Handle, Parameters, PluginSpec, producer_for
 TYPE = "prefix-cache-scorer"
 MATCH_DATA_TYPE = "PrefixCacheMatchInfoDataKey"  # upstream's data type of a prefix-match producer's output
 DEFAULT_PRODUCER = "approx-prefix-cache-producer"
+# GIE's gauges of the approximate prefix index, per plugin.
+INDEXER_SIZE = "inference_extension_prefix_indexer_size"
+INDEXER_SIZE_DOC = "Block hashes in the approximate prefix index."
+INDEXER_HIT_RATIO = "inference_extension_prefix_indexer_hit_ratio"
+INDEXER_HIT_RATIO_DOC = "Share of prompt blocks found on the chosen endpoint."
 MATCH_PRODUCER_TYPES = (
     DEFAULT_PRODUCER,
     "precise-prefix-cache-producer",
@@ -200,6 +206,11 @@ class PrefixCacheScorer(SharedIndex, NamedPlugin):
     def hit_ratio(self) -> float:
         """Share of prompt blocks found on the chosen endpoint, over all requests recorded."""
         return self.hit_blocks / self.lookup_blocks if self.lookup_blocks else 0.0
+
+    # ExportsMetrics: GIE's prefix-indexer gauges.
+    def metric_samples(self) -> Iterator[MetricSample]:
+        yield MetricSample(INDEXER_SIZE, INDEXER_SIZE_DOC, "gauge", float(len(self.index)))
+        yield MetricSample(INDEXER_HIT_RATIO, INDEXER_HIT_RATIO_DOC, "gauge", self.hit_ratio)
 
 
 _NO_MATCH = PrefixMatch(0, 0, {})
