@@ -68,7 +68,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from rich.console import Console
 from rich.table import Table
 
-from epick.extproc.grpc_server import Call, GrpcServer
+from epick.wire.grpc_call import Call
+from epick.wire.grpc_server import GrpcServer
 
 CHUNK_BYTES = 62_000  # epick's (and the Go EPP's) largest streamed chunk
 STACKS = ["grpc.aio", "grpc.aio+uvloop", "grpclib+uvloop", "grpc-sync", "epick-grpc+uvloop", "epick"]

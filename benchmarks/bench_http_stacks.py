@@ -4,7 +4,7 @@ Each proxy does nothing but pass through: a POST's body is read whole, forwarded
 backends in turn (round-robin), and the response (status, Content-Type, body) goes back whole. Each
 runs as its own process (this script re-invoked with `--serve SERVER --client CLIENT`), on uvloop.
 Servers: aiohttp's web server; uvicorn with httptools (an ASGI app); granian (RSGI); a bare
-asyncio.Protocol with httptools' parser; epick's own (`epick.proxy.http.HTTPServer`). Clients:
+asyncio.Protocol with httptools' parser; epick's own (`epick.wire.http_server.HTTPServer`). Clients:
 aiohttp's ClientSession (one, pooled); epick's own (`epick.proxy.upstream.Upstreams`); httpx's
 AsyncClient. Each server is measured with epick's client, each client with epick's server, and
 aiohttp with aiohttp, the baseline.
@@ -227,7 +227,7 @@ async def serve_protocol(proxy: Proxy, port: int) -> None:
 
 
 async def serve_epick(proxy: Proxy, port: int) -> None:
-    from epick.proxy import http
+    from epick.wire import http_server as http
 
     async def handle(request: http.Request, reply: http.Reply) -> None:
         ctype = request.headers.get("content-type", "")

@@ -18,8 +18,9 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epick.extproc.exchange import FULL_DUPLEX_STREAMED
-from epick.extproc.grpc_server import Connection, GrpcServer
 from epick.extproc.server import PROCESS, ProcessCall
+from epick.wire.grpc_server import GrpcServer
+from epick.wire.h2_connection import Connection
 from tests.extproc.test_exchange import director
 
 STREAMS = 40

@@ -18,6 +18,7 @@ LAYERS = [
     "config",
     "datalayer",
     "requestcontrol",
+    "wire",
     "extproc",
     "proxy",
     "service",

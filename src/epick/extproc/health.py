@@ -8,7 +8,8 @@ import logging
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
 
-from epick.extproc.grpc_server import Call, Method, Status
+from epick.wire.grpc_call import Call, Method
+from epick.wire.h2 import Status
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,6 @@
 """`envoy.service.ext_proc.v3.ExternalProcessor`: the gateway's side of the EPP protocol, on epick's gRPC
-server (grpc_server.py), with the gRPC health service on the ext_proc port and on a port of its own.
+server (epick/wire/grpc_server.py), with the gRPC health service on the ext_proc port and on a port of
+its own.
 
 Each gRPC stream is one request and its response, handled by an `Exchange` (exchange.py, which says
 what each body mode needs). The routing answer sets header `x-gateway-destination-endpoint` to the
@@ -21,11 +22,13 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf.message import DecodeError
 
 from epick.extproc.exchange import Exchange
-from epick.extproc.grpc_server import Call, GrpcServer, Limits, Status
 from epick.extproc.health import NOT_SERVING, SERVING, HealthService
 from epick.extproc.messages import immediate
 from epick.requestcontrol.admission import evicted_error
 from epick.requestcontrol.director import Director
+from epick.wire.grpc_call import Call, Limits
+from epick.wire.grpc_server import GrpcServer
+from epick.wire.h2 import Status
 
 if TYPE_CHECKING:
     from epick.extproc.tls import CertificateStore  # imported on start: cryptography only when serving

@@ -27,8 +27,6 @@ from typing import Any
 from epick.datalayer.datastore import Datastore
 from epick.datalayer.models import ModelCatalog
 from epick.framework import Endpoint, Response
-from epick.proxy.deadlines import Deadlines, Scope
-from epick.proxy.http import BodyDecodeError, BodyTooLargeError, HTTPServer, Reply, Request
 from epick.proxy.upstream import Timeouts, UpstreamError, UpstreamResponse, Upstreams
 from epick.requestcontrol import errors
 from epick.requestcontrol.admission import evicted_error
@@ -41,6 +39,9 @@ from epick.requestcontrol.director import (
     RequestCycle,
 )
 from epick.requestcontrol.errors import RequestError
+from epick.wire.deadlines import Deadlines, Scope
+from epick.wire.http_messages import BodyDecodeError, BodyTooLargeError, Reply, Request
+from epick.wire.http_server import HTTPServer
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from typing import cast
 
 import httptools
 
-from epick.proxy.deadlines import Deadlines
+from epick.wire.deadlines import Deadlines
 
 HIGH_WATER = 256 * 1024  # body bytes buffered unread before reading pauses
 IDLE_PER_SERVER = 256  # idle connections kept per server; more are closed once their response is read

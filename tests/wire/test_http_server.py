@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from epick.proxy.http import BodyDecodeError, BodyTooLargeError, HTTPServer, Reply, Request
+from epick.wire.http_messages import BodyDecodeError, BodyTooLargeError, Reply, Request
+from epick.wire.http_server import HTTPServer
 from tests.datalayer.pages import wait_until
 
 Handler = Callable[[Request, Reply], Awaitable[None]]

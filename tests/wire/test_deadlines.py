@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epick.proxy.deadlines import Deadlines
+from epick.wire.deadlines import Deadlines
 
 
 class _Timer:

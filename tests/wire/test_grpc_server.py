@@ -1,4 +1,4 @@
-"""epick's gRPC server (epick/extproc/grpc_server.py): grpc's own client against it, and a raw HTTP/2
+"""epick's gRPC server (epick/wire/): grpc's own client against it, and a raw HTTP/2
 client (the `h2` library) for what grpc's client never sends: padding, CONTINUATION, resets, pings,
 flow-control violations, garbage."""
 
@@ -19,13 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from epick.extproc.grpc_server import (
-    FRAME_SIZE,
-    Call,
-    GrpcServer,
-    Limits,
-    Status,
-)
+from epick.wire.grpc_call import Call, Limits
+from epick.wire.grpc_server import GrpcServer
+from epick.wire.h2 import FRAME_SIZE, Status
 
 ECHO = "/test.Echo/Echo"  # answers each message with itself; ends when the client does
 FIRST = "/test.Echo/First"  # answers the first message and ends at once
