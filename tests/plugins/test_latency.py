@@ -26,14 +26,10 @@ from epick.plugins.latency.admitter import REASON, LatencySLOAdmitter
 from epick.plugins.latency.cost_scorer import CostParameters, LatencyCostScorer
 from epick.plugins.latency.gie_scorer import GIEPredictedLatencyParameters, PredictedLatencyScorer
 from epick.plugins.latency.learners import gbdt
+from epick.plugins.latency.parameters import PredictedLatencyParameters
+from epick.plugins.latency.predictions import LatencyPrediction, read_predictions
 from epick.plugins.latency.predictor import AnalyticModel, Features, OnlinePredictor, matrix
-from epick.plugins.latency.producer import (
-    DATA_TYPE,
-    LatencyPrediction,
-    PredictedLatencyParameters,
-    PredictedLatencyProducer,
-    read_predictions,
-)
+from epick.plugins.latency.producer import DATA_TYPE, PredictedLatencyProducer
 from epick.plugins.latency.scorer import LatencyScorer, LatencyScorerParameters, go_round
 from epick.plugins.latency.slo import objectives
 from epick.plugins.latency.tier_filter import SLOHeadroomTierFilter, TierFilterParameters

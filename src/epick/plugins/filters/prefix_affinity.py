@@ -26,14 +26,10 @@ from pydantic import Field, field_validator, model_validator
 
 from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads
 from epick.framework.datalayer import data_key
+from epick.plugins.latency.predictions import LatencyPrediction, LatencyPredictions, read_predictions
 from epick.plugins.latency.producer import DATA_TYPE as LATENCY_DATA_TYPE
 from epick.plugins.latency.producer import TYPE as LATENCY_TYPE
-from epick.plugins.latency.producer import (
-    LatencyPrediction,
-    LatencyPredictions,
-    read_predictions,
-    resolve_latency,
-)
+from epick.plugins.latency.producer import resolve_latency
 from epick.plugins.load.inflight import TYPE as INFLIGHT_TYPE
 from epick.plugins.load.inflight import InFlightLoadProducer, resolve_inflight
 from epick.plugins.prefix.scorer import MATCH_DATA_TYPE, PrefixMatch, resolve_producer

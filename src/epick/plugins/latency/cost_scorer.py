@@ -19,13 +19,8 @@ from pydantic import Field
 
 from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads
 from epick.framework.datalayer import data_key
-from epick.plugins.latency.producer import (
-    DATA_TYPE,
-    LatencyPredictions,
-    read_predictions,
-    requires_latency,
-    resolve_latency,
-)
+from epick.plugins.latency.predictions import LatencyPredictions, read_predictions
+from epick.plugins.latency.producer import DATA_TYPE, requires_latency, resolve_latency
 from epick.plugins.latency.producer import TYPE as PRODUCER_TYPE
 from epick.plugins.registry import Handle, Parameters, PluginSpec
 

@@ -44,13 +44,9 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from epick.framework import CycleState, Endpoint, InferenceRequest, Reads
-from epick.plugins.latency.producer import (
-    LatencyPrediction,
-    PredictedLatencyParameters,
-    PredictedLatencyProducer,
-    read_predictions,
-    requires_inputs,
-)
+from epick.plugins.latency.parameters import PredictedLatencyParameters
+from epick.plugins.latency.predictions import LatencyPrediction, read_predictions
+from epick.plugins.latency.producer import PredictedLatencyProducer, requires_inputs
 from epick.plugins.latency.scorer import go_round
 from epick.plugins.load.inflight import InFlightLoadProducer, resolve_inflight
 from epick.plugins.prefix.scorer import PrefixMatch, resolve_producer

@@ -41,11 +41,9 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import numpy as np
-import numpy.typing as npt
-from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from epick.framework import (
     CycleState,
@@ -58,157 +56,21 @@ from epick.framework import (
 )
 from epick.framework.datalayer import data_key
 from epick.framework.metrics import LLMD_SUBSYSTEM, MetricSample
-from epick.plugins.duration import parse_duration
+from epick.plugins.latency.accuracy import ACCURACY_COUNTERS, Accuracy
 from epick.plugins.latency.learners import learner_for
-from epick.plugins.latency.predictor import AnalyticModel, Matrix, OnlinePredictor, feature_matrix
+from epick.plugins.latency.parameters import PredictedLatencyParameters
+from epick.plugins.latency.predictions import LatencyPrediction, LatencyPredictions, read_predictions
+from epick.plugins.latency.predictor import Matrix, OnlinePredictor, feature_matrix
 from epick.plugins.latency.slo import Objectives, objectives
 from epick.plugins.load.inflight import InFlightLoadProducer, prompt_tokens, resolve_inflight
 from epick.plugins.prefix.scorer import MATCH_DATA_TYPE, PrefixMatch, resolve_producer
-from epick.plugins.registry import Handle, Parameters, PluginSpec, producer_for
+from epick.plugins.registry import Handle, PluginSpec, producer_for
 
 TYPE = "predicted-latency-producer"
 DATA_TYPE = "LatencyPredictionInfoDataKey"
 PREFILL_PROFILE = "prefill"
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class LatencyPrediction:
-    """One candidate's prediction for the request (upstream's LatencyPredictionInfo)."""
-
-    ttft_valid: bool
-    tpot_valid: bool
-    ttft_headroom: float  # objective − predicted, ms
-    tpot_headroom: float
-    ttft: float  # predicted, ms
-    tpot: float
-    dispatched: int  # requests this producer dispatched there that have not completed
-
-    @property
-    def valid(self) -> bool:
-        return self.ttft_valid and self.tpot_valid
-
-
-class LatencyPredictions(Mapping[str, LatencyPrediction]):
-    """Every candidate's prediction for one request, by endpoint name: kept as columns (one array per
-    field) and turned into a `LatencyPrediction` only for the endpoints a consumer reads."""
-
-    __slots__ = (
-        "dispatched",
-        "index",
-        "tpot",
-        "tpot_headroom",
-        "tpot_valid",
-        "ttft",
-        "ttft_headroom",
-        "ttft_valid",
-    )
-
-    def __init__(
-        self,
-        index: dict[str, int],
-        *,
-        ttft: Matrix,
-        tpot: Matrix,
-        ttft_headroom: Matrix,
-        tpot_headroom: Matrix,
-        ttft_valid: npt.NDArray[np.bool_],
-        tpot_valid: npt.NDArray[np.bool_],
-        dispatched: list[int],
-    ) -> None:
-        self.index = index
-        self.ttft, self.tpot = ttft, tpot
-        self.ttft_headroom, self.tpot_headroom = ttft_headroom, tpot_headroom
-        self.ttft_valid, self.tpot_valid = ttft_valid, tpot_valid
-        self.dispatched = dispatched
-
-    def __getitem__(self, name: str) -> LatencyPrediction:
-        i = self.index[name]
-        return LatencyPrediction(
-            bool(self.ttft_valid[i]),
-            bool(self.tpot_valid[i]),
-            float(self.ttft_headroom[i]),
-            float(self.tpot_headroom[i]),
-            float(self.ttft[i]),
-            float(self.tpot[i]),
-            self.dispatched[i],
-        )
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.index)
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-
-def read_predictions(cycle_state: CycleState, key: str) -> Mapping[str, LatencyPrediction] | None:
-    """The predictions a producer wrote under `key` (by endpoint name), or None."""
-    found = cycle_state.read(key, object)
-    return found if isinstance(found, Mapping) else None
-
-
-def _go_nanoseconds(value: object) -> object:
-    """Upstream decodes a time.Duration from JSON as integer nanoseconds; epick also takes "5m"."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value / 1e9
-    return parse_duration(value)
-
-
-class AnalyticParameters(Parameters):
-    step_ms: float = Field(default=6.0, ge=0)
-    prefill_tokens_per_second: float = Field(default=15928.0, gt=0)
-    ttft_per_running_ms: float = Field(default=0.1, ge=0)
-    tpot_per_running_ms: float = Field(default=0.05, ge=0)
-    tpot_full_kv_ms: float = Field(default=17.0, ge=0, alias="tpotFullKvMs")
-
-    def model(self) -> AnalyticModel:
-        return AnalyticModel(
-            self.step_ms,
-            self.prefill_tokens_per_second,
-            self.ttft_per_running_ms,
-            self.tpot_per_running_ms,
-            self.tpot_full_kv_ms,
-        )
-
-
-class PredictorParameters(Parameters):
-    learner: Literal["gbdt", "analytic"] = "gbdt"
-    window: int = Field(default=4000, ge=1)
-    min_samples: int = Field(default=200, ge=1)
-    retrain_every: int = Field(default=200, ge=1)
-    analytic: AnalyticParameters = Field(default_factory=AnalyticParameters)
-
-    @model_validator(mode="after")
-    def _window_holds_min_samples(self) -> PredictorParameters:
-        if self.window < self.min_samples:
-            raise ValueError(
-                f"window ({self.window}) must hold at least minSamples ({self.min_samples}) responses, "
-                "or no model is ever fitted"
-            )
-        return self
-
-
-class PredictedLatencyParameters(Parameters):
-    sampling_mean: float = 1000.0
-    max_decode_token_samples_for_prediction: int = 0
-    slo_buffer_factor: float = Field(default=1.0, alias="sloBufferFactor")
-    context_ttl: Annotated[float, BeforeValidator(_go_nanoseconds)] = Field(default=300.0, alias="contextTTL")
-    streaming_mode: bool = False
-    endpoint_role_label: str = ""
-    predict_in_produce: bool = True
-    prefix_match_info_producer_name: str = ""
-    in_flight_load_producer_name: str = ""
-    use_encoder_cache_features: bool = False
-    encoder_cache_match_info_producer_name: str = ""
-    predictor: PredictorParameters = Field(default_factory=PredictorParameters)
-
-    @field_validator("slo_buffer_factor")
-    @classmethod
-    def _buffer(cls, v: float) -> float:
-        if not v > 0:
-            raise ValueError(f"sloBufferFactor must be > 0, got {v}")
-        return v
 
 
 @dataclass(slots=True)
@@ -236,43 +98,6 @@ class _Context:
     def row(self, endpoint: str | None) -> Matrix | None:
         i = self.index.get(endpoint) if endpoint is not None else None
         return self.rows[i] if i is not None and self.rows is not None else None
-
-
-@dataclass(slots=True)
-class Accuracy:
-    """How one target's predictions compared with what the responses showed (for the metrics)."""
-
-    responses: int = 0  # responses observed
-    predicted: int = 0  # of them, those a prediction was made for (predictInProduce)
-    actual_ms: float = 0.0  # sum of observed latencies
-    predicted_ms: float = 0.0  # sum of the predictions made for them
-    absolute_error_ms: float = 0.0  # sum of |predicted − observed|
-    objective_misses: int = 0  # responses slower than the request's objective (when it set one)
-
-    def add(self, actual: float, predicted: float | None, objective: float) -> None:
-        self.responses += 1
-        self.actual_ms += actual
-        if predicted is not None:
-            self.predicted += 1
-            self.predicted_ms += predicted
-            self.absolute_error_ms += abs(predicted - actual)
-        if objective > 0 and actual > objective:
-            self.objective_misses += 1
-
-
-# The accuracy counters, per target (ttft, tpot): name, documentation, value.
-ACCURACY_COUNTERS: tuple[tuple[str, str, Callable[[Accuracy], float]], ...] = (
-    ("responses", "Responses the predictor learned from", lambda a: a.responses),
-    ("predicted_responses", "Of them, those a prediction was made for", lambda a: a.predicted),
-    ("actual_milliseconds", "Sum of the observed latencies", lambda a: a.actual_ms),
-    ("predicted_milliseconds", "Sum of the latencies predicted for them", lambda a: a.predicted_ms),
-    ("absolute_error_milliseconds", "Sum of |predicted - observed|", lambda a: a.absolute_error_ms),
-    (
-        "objective_misses",
-        "Responses slower than the request's latency objective",
-        lambda a: a.objective_misses,
-    ),
-)
 
 
 class _RunningSet:

@@ -32,13 +32,8 @@ from pydantic import Field
 
 from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads
 from epick.framework.datalayer import data_key
-from epick.plugins.latency.producer import (
-    DATA_TYPE,
-    LatencyPrediction,
-    read_predictions,
-    requires_latency,
-    resolve_latency,
-)
+from epick.plugins.latency.predictions import LatencyPrediction, read_predictions
+from epick.plugins.latency.producer import DATA_TYPE, requires_latency, resolve_latency
 from epick.plugins.latency.producer import TYPE as PRODUCER_TYPE
 from epick.plugins.prefix.scorer import MATCH_DATA_TYPE, PrefixMatch, resolve_producer
 from epick.plugins.registry import Handle, Parameters, PluginSpec

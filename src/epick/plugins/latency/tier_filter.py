@@ -17,12 +17,8 @@ from pydantic import Field
 
 from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads
 from epick.framework.datalayer import data_key
-from epick.plugins.latency.producer import (
-    DATA_TYPE,
-    read_predictions,
-    requires_latency,
-    resolve_latency,
-)
+from epick.plugins.latency.predictions import read_predictions
+from epick.plugins.latency.producer import DATA_TYPE, requires_latency, resolve_latency
 from epick.plugins.latency.producer import TYPE as PRODUCER_TYPE
 from epick.plugins.registry import Handle, Parameters, PluginSpec
 
