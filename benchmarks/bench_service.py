@@ -31,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
+from epick.config import load_default_config
 from epick.plugins.datalayer.engines import ENGINES
 from epick.plugins.datalayer.prometheus import parse_metrics
 from epick.sim.metrics import TTFT_BUCKETS
@@ -153,7 +154,7 @@ async def bench_scrape_cpu(endpoints: int, seconds: float) -> float:
         await wait_http(f"http://127.0.0.1:{base}/metrics")
         store = Datastore()
         store.replace_all(EndpointSpec(f"e{i}", "127.0.0.1", base, {}) for i in range(endpoints))
-        pool = ScraperPool(store, interval=0.05)
+        pool = ScraperPool(store, interval=0.05, plan=load_default_config(seed=0).data_layer)
         await pool.start()
         await asyncio.sleep(1.0)
         cpu, wall = time.process_time(), time.perf_counter()

@@ -9,6 +9,8 @@ from typing import Any
 
 from aiohttp import web
 
+from epick.config import load_default_config
+from epick.config.datalayer import DataLayerPlan, PolledSource
 from epick.sim.engine import RequestOutput
 from epick.sim.options import ServerOptions
 from epick.sim.server import SimServer
@@ -188,3 +190,13 @@ async def start_sim(**kw: Any) -> SimServer:
     server = SimServer(ServerOptions(**kw))
     await server.start()
     return server
+
+
+def core_plan() -> DataLayerPlan:
+    """The default config's data layer: each endpoint's /metrics, read by the core-metrics extractor."""
+    return load_default_config(seed=0).data_layer
+
+
+def core_polled() -> PolledSource:
+    """The default data layer's one polled source, as a `Scraper` takes it."""
+    return core_plan().polled[0]

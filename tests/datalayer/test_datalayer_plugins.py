@@ -39,7 +39,7 @@ from epick.framework.datalayer import (
 from epick.plugins.datalayer.models import ServedModel
 from epick.plugins.datalayer.topology import Topology
 from tests.conftest import MakeApp
-from tests.datalayer.pages import free_port, wait_until
+from tests.datalayer.pages import core_polled, free_port, wait_until
 
 LLMD = "llm-d.ai/v1alpha1"
 ENGINE = "llm-d.ai/engine-type"
@@ -683,6 +683,7 @@ async def scrapers() -> AsyncIterator[Callable[..., Scraper]]:
     made: list[Scraper] = []
 
     def build(spec: EndpointSpec, ds: Datastore, **kw: Any) -> Scraper:
+        kw.setdefault("polled", core_polled())
         scraper = Scraper(spec, ds, **kw)
         made.append(scraper)
         return scraper

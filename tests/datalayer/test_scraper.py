@@ -17,7 +17,7 @@ from epick.datalayer.scraper import Scraper, ScraperPool
 from epick.plugins.datalayer.engines import ENGINE_LABEL, ENGINES
 from epick.sim.options import ServerOptions
 from epick.sim.server import SimServer
-from tests.datalayer.pages import AppServer, free_port, vllm_page, wait_until
+from tests.datalayer.pages import AppServer, core_plan, core_polled, free_port, vllm_page, wait_until
 
 MakeSim = Callable[..., Awaitable[SimServer]]
 MakeApp = Callable[[web.Application], Awaitable[AppServer]]
@@ -53,7 +53,7 @@ async def make_scraper() -> AsyncIterator[Callable[..., Scraper]]:
     scrapers: list[Scraper] = []
 
     def make(spec: EndpointSpec, datastore: Datastore, **kw: Any) -> Scraper:
-        scraper = Scraper(spec, datastore, **kw)
+        scraper = Scraper(spec, datastore, polled=core_polled(), **kw)
         scrapers.append(scraper)
         return scraper
 
@@ -89,7 +89,7 @@ async def test_metrics_of_sim_servers_land_in_the_datastore(make_sim: MakeSim) -
     b = await make_sim(engine=ServerOptions.engine_config(num_gpu_blocks=700, block_size=32))
     ds = Datastore()
     ds.replace_all([spec_for(f"127.0.0.1:{a.port}", "a"), spec_for(f"127.0.0.1:{b.port}", "b")])
-    pool = ScraperPool(ds, interval=0.01)
+    pool = ScraperPool(ds, interval=0.01, plan=core_plan())
     started = time.time()
     await pool.start()
     try:
@@ -250,8 +250,8 @@ async def test_engine_label_chooses_the_metric_names() -> None:
     ds = Datastore()
     for engine in ("sglang", "trtllm-serve", "triton-tensorrt-llm", "vllm"):
         spec = spec_for("127.0.0.1:1", engine, **{ENGINE_LABEL: engine})
-        assert Scraper(spec, ds).names is ENGINES[engine]
-    assert Scraper(spec_for("127.0.0.1:1"), ds).names is ENGINES["vllm"]
+        assert Scraper(spec, ds, polled=core_polled()).names is ENGINES[engine]
+    assert Scraper(spec_for("127.0.0.1:1"), ds, polled=core_polled()).names is ENGINES["vllm"]
 
 
 async def test_an_unknown_engine_fails_every_scrape_with_its_name_and_leaves_the_candidates(
@@ -260,7 +260,7 @@ async def test_an_unknown_engine_fails_every_scrape_with_its_name_and_leaves_the
     ds = Datastore()
     spec = spec_for("127.0.0.1:1", "odd", **{ENGINE_LABEL: "tgi"})
     ds.upsert(spec)
-    scraper = Scraper(spec, ds)
+    scraper = Scraper(spec, ds, polled=core_polled())
     for _ in range(3):
         await scraper.scrape_once()
     assert not ds.is_healthy("odd")
@@ -286,7 +286,7 @@ async def test_pool_follows_the_datastore(make_sim: MakeSim) -> None:
     b = await make_sim()
     ds = Datastore()
     ds.upsert(spec_for(f"127.0.0.1:{a.port}", "a"))
-    pool = ScraperPool(ds, interval=0.01)
+    pool = ScraperPool(ds, interval=0.01, plan=core_plan())
     await pool.start()
     try:
         assert set(pool.scrapers) == {"a"}
@@ -331,7 +331,7 @@ async def test_overflowing_info_label_is_a_failed_scrape(
 
 async def test_stopped_pool_no_longer_follows_the_datastore() -> None:
     ds = Datastore()
-    pool = ScraperPool(ds, interval=0.01)
+    pool = ScraperPool(ds, interval=0.01, plan=core_plan())
     await pool.start()
     await pool.stop()
     ds.upsert(spec_for("127.0.0.1:1", "late"))

@@ -16,6 +16,7 @@ from epick.plugins.datalayer.core_metrics import CoreMetricsExtractor
 from epick.plugins.datalayer.engines import MetricSpec
 from epick.plugins.datalayer.http_source import PortOverrideParameters
 from epick.plugins.datalayer.metrics_source import MetricsDataSource
+from tests.datalayer.pages import core_plan, core_polled
 
 
 def store() -> Datastore:
@@ -88,7 +89,7 @@ def pools(workers: int = 2) -> list[tuple[Datastore, ScraperPool, SharedMetrics]
     made = []
     for k in range(workers):
         ds = store()
-        pool = ScraperPool(ds, interval=0.05)
+        pool = ScraperPool(ds, interval=0.05, plan=core_plan())
         pool.share = (k, workers)
         made.append((ds, pool, SharedMetrics(ds, pool)))
     for k, (_, _, shared) in enumerate(made):
@@ -114,7 +115,11 @@ def test_workers_take_turns_so_the_server_is_scraped_once_per_interval(workers: 
     starts = []
     for k in range(workers):
         s = Scraper(
-            EndpointSpec("ep0", "10.0.0.1", 8000, {}), Datastore(), interval=interval, share=(k, workers)
+            EndpointSpec("ep0", "10.0.0.1", 8000, {}),
+            Datastore(),
+            interval=interval,
+            share=(k, workers),
+            polled=core_polled(),
         )
         now = 1_000_000.0
         for _ in range(5):  # each scrape starts at its turn and takes 3 ms
@@ -128,7 +133,13 @@ def test_workers_take_turns_so_the_server_is_scraped_once_per_interval(workers: 
 
 
 def test_a_turn_just_taken_is_not_taken_twice() -> None:
-    s = Scraper(EndpointSpec("ep0", "10.0.0.1", 8000, {}), Datastore(), interval=0.05, share=(1, 2))
+    s = Scraper(
+        EndpointSpec("ep0", "10.0.0.1", 8000, {}),
+        Datastore(),
+        interval=0.05,
+        share=(1, 2),
+        polled=core_polled(),
+    )
     now = 5_000.0
     turn = now + s.until_turn(now)
     # The sleep ended a millisecond early and the scrape took half of one: that was this turn, and

@@ -19,12 +19,12 @@ from epick.framework.datalayer import (
     CoreMetricsReader,
     EndpointExtractor,
     EndpointNotificationSource,
+    EndpointsFileDiscovery,
+    GatewayPollingSource,
     PollingExtractor,
     PollingSource,
     ResourceNotificationSource,
 )
-from epick.plugins.datalayer.file_discovery import FileDiscovery
-from epick.plugins.datalayer.multicluster import MultiClusterMetricsDataSource
 
 METRICS_SOURCE = "metrics-data-source"
 CORE_EXTRACTOR = "core-metrics-extractor"
@@ -49,7 +49,7 @@ class DataLayerPlan:
 
     polled: tuple[PolledSource, ...] = ()
     endpoint_extractors: tuple[EndpointExtractor, ...] = ()
-    discovery: FileDiscovery | None = None
+    discovery: EndpointsFileDiscovery | None = None
     injected: bool = False  # the default metrics source was added by the loader
     fingerprint: str = field(default="", compare=False)
 
@@ -66,7 +66,7 @@ def _is_data_plugin(plugin: Plugin) -> bool:
         | EndpointNotificationSource
         | EndpointExtractor
         | ResourceNotificationSource
-        | FileDiscovery,
+        | EndpointsFileDiscovery,
     )
 
 
@@ -175,7 +175,7 @@ class DataLayerBuilder:
                     )
 
     def _inject(self, section: DataLayerSection | None, sources: list[DataLayerSource]) -> bool:
-        if any(isinstance(self.instances.get(s.plugin_ref), MultiClusterMetricsDataSource) for s in sources):
+        if any(isinstance(self.instances.get(s.plugin_ref), GatewayPollingSource) for s in sources):
             # Peer clusters' gateways serve no model-server metrics: the default core-metrics source
             # would only fail against them (upstream injects it anyway; its failures are logged).
             return False
@@ -278,14 +278,14 @@ class DataLayerBuilder:
         self.fail(f"{path}.pluginRef", f"{described} is not a data source", "refer to a data source plugin")
         return None
 
-    def _discovery(self, where: str, section: DataLayerSection | None) -> FileDiscovery | None:
+    def _discovery(self, where: str, section: DataLayerSection | None) -> EndpointsFileDiscovery | None:
         if section is None or section.discovery is None:
             return None
         path = f"{where}.discovery.pluginRef"
         plugin = self._plugin(path, section.discovery.plugin_ref, "discovery plugin")
         if plugin is None:
             return None
-        if not isinstance(plugin, FileDiscovery):
+        if not isinstance(plugin, EndpointsFileDiscovery):
             self.fail(
                 path,
                 f"plugin {section.discovery.plugin_ref!r} ({plugin.typed_name.type}) does not discover "

@@ -36,19 +36,9 @@ from epick.config.datalayer import DataLayerPlan, PolledSource
 from epick.datalayer.datastore import Datastore, EndpointSpec
 from epick.datalayer.http import HTTPError, MetricsClient, tls_context
 from epick.framework import Endpoint
-from epick.framework.datalayer import ExtractError, PollTarget
-from epick.plugins.datalayer.core_metrics import CoreMetricsExtractor
-from epick.plugins.datalayer.engines import EngineMetricNames
-from epick.plugins.datalayer.http_source import PortOverrideParameters
-from epick.plugins.datalayer.metrics_source import MetricsDataSource
+from epick.framework.datalayer import CoreMetricsReader, ExtractError, PollTarget
 
 log = logging.getLogger(__name__)
-
-
-def default_plan(path: str = "/metrics") -> DataLayerPlan:
-    """What epick scrapes without a config: each endpoint's /metrics, read with the core extractor."""
-    source = MetricsDataSource(None, PortOverrideParameters(path=path))
-    return DataLayerPlan((PolledSource(source, (CoreMetricsExtractor(),)),))
 
 
 def endpoint_of(spec: EndpointSpec) -> Endpoint:
@@ -84,8 +74,7 @@ class Scraper:
         interval: float = 0.05,
         timeout: float = 1.0,
         unhealthy_after: int = 3,
-        path: str = "/metrics",
-        polled: PolledSource | None = None,
+        polled: PolledSource,
         share: tuple[int, int] | None = None,
         on_failure: Callable[[str], None] | None = None,
     ) -> None:
@@ -93,7 +82,7 @@ class Scraper:
         `on_failure` hears the endpoint's name after each failed scrape of its core metrics."""
         self.spec = spec
         self.datastore = datastore
-        self.polled = polled if polled is not None else default_plan(path).polled[0]
+        self.polled = polled
         self.endpoint = endpoint_of(spec)
         source = self.polled.source
         self.interval = source.interval if source.interval is not None else interval
@@ -115,11 +104,11 @@ class Scraper:
         self.drives_health = self.polled.reads_core_metrics
         # An engine epick cannot read: every scrape fails with this (named, logged once), and the
         # endpoint leaves the candidates as any endpoint whose metrics cannot be read.
-        self.names: EngineMetricNames | None = None
-        core = next((e for e in self.polled.extractors if isinstance(e, CoreMetricsExtractor)), None)
+        self.names: object = None
+        core = next((e for e in self.polled.extractors if isinstance(e, CoreMetricsReader)), None)
         if core is not None:
             try:
-                self.names = core.names_for(self.endpoint)
+                self.names = core.reads_endpoint(self.endpoint)
             except ExtractError as e:
                 self.setup_error = str(e)
         self.unhealthy_after = unhealthy_after
@@ -247,12 +236,13 @@ class ScraperPool:
         *,
         interval: float = 0.05,
         timeout: float = 1.0,
-        plan: DataLayerPlan | None = None,
+        plan: DataLayerPlan,
     ) -> None:
+        """`plan`: the config's data layer (`LoadedConfig.data_layer`), defaults injected."""
         self.datastore = datastore
         self.interval = interval
         self.timeout = timeout
-        self.plan = plan if plan is not None else default_plan()
+        self.plan = plan
         self.scrapers: dict[str, list[Scraper]] = {}
         # (k, n): this is worker k of n, and the workers take turns scraping core metrics (set
         # before `start`); `on_failure` hears each failed scrape of an endpoint's core metrics.
@@ -352,5 +342,5 @@ def _shared_whole(polled: PolledSource) -> bool:
     """Whether everything `polled`'s extractors read is shared between workers (the core metrics
     alone, no custom metrics): then the workers can take turns scraping it."""
     return bool(polled.extractors) and all(
-        isinstance(e, CoreMetricsExtractor) and not e.custom for e in polled.extractors
+        isinstance(e, CoreMetricsReader) and e.only_shared_fields() for e in polled.extractors
     )

@@ -11,7 +11,7 @@ how to read it, and do no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -74,6 +74,47 @@ class PollingSource(Plugin, Protocol):
 
 
 @runtime_checkable
+class GatewayPollingSource(PollingSource, Protocol):
+    """A source whose targets are peer clusters' gateways, not model servers
+    (`multicluster-metrics-data-source`): beside it, no default core-metrics source is injected."""
+
+    def polls_gateways(self) -> bool: ...
+
+
+class DiscoveredEndpoint(Protocol):
+    """One endpoint a discovery plugin listed."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+
+
+@runtime_checkable
+class EndpointsFileDiscovery(Plugin, Protocol):
+    """Endpoints listed in a file (`file-discovery`): the data layer reads it (and re-reads it when
+    it changes, with `watch_file`), and this plugin says what its bytes list."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def watch_file(self) -> bool: ...
+
+    def parse(self, data: bytes) -> tuple[Sequence[DiscoveredEndpoint], list[str]]:
+        """(the valid endpoints, one error per bad entry); raises `ValueError` for a file that
+        cannot be read as an endpoints list at all."""
+        ...
+
+
+@runtime_checkable
 class PollingExtractor(Plugin, Protocol):
     """Reads a polling source's payload (`accepts`: the payload kind) for one endpoint."""
 
@@ -92,6 +133,16 @@ class CoreMetricsReader(PollingExtractor, Protocol):
     failures also make an endpoint unhealthy."""
 
     def core_metrics(self) -> bool: ...
+
+    def reads_endpoint(self, endpoint: Endpoint) -> object:
+        """What it reads of `endpoint` (its engine's metric names); raises `ExtractError` naming
+        why when the endpoint's engine is one it cannot read (every scrape of it would fail)."""
+        ...
+
+    def only_shared_fields(self) -> bool:
+        """Whether it reads only the core metrics that `epick serve`'s workers share (no custom
+        metrics): then the workers take turns scraping its source."""
+        ...
 
 
 @runtime_checkable

@@ -16,7 +16,7 @@ import os
 
 from epick.datalayer.datastore import Datastore, EndpointSpec
 from epick.datalayer.discovery.static import DiscoveryError
-from epick.plugins.datalayer.file_discovery import EndpointsFileError, FileDiscovery
+from epick.framework.datalayer import EndpointsFileDiscovery
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,9 @@ def _stamp(path: str) -> tuple[float, int] | None:
 
 
 class FileDiscoveryRunner:
-    def __init__(self, datastore: Datastore, plugin: FileDiscovery, *, poll_interval: float = 1.0) -> None:
+    def __init__(
+        self, datastore: Datastore, plugin: EndpointsFileDiscovery, *, poll_interval: float = 1.0
+    ) -> None:
         self.datastore = datastore
         self.plugin = plugin
         self.path = plugin.path
@@ -48,7 +50,7 @@ class FileDiscoveryRunner:
             with open(self.path, "rb") as f:
                 data = f.read()
             found, errors = self.plugin.parse(data)
-        except (OSError, EndpointsFileError, ValueError, TypeError, RecursionError) as e:
+        except (OSError, ValueError, TypeError, RecursionError) as e:  # ValueError: a file not a list
             message = f"{self.plugin.typed_name.type}: {self.path}: {e}"
             if initial:
                 raise DiscoveryError(message) from None

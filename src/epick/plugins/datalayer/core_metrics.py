@@ -161,6 +161,12 @@ class CoreMetricsExtractor(NamedPlugin):
     def core_metrics(self) -> bool:
         return True
 
+    def reads_endpoint(self, endpoint: Endpoint) -> EngineMetricNames:
+        return self.names_for(endpoint)
+
+    def only_shared_fields(self) -> bool:
+        return not self.custom
+
     def engine_of(self, labels: Mapping[str, str]) -> str:
         """The engine an endpoint's labels name (this extractor's label, then GIE's), or the default."""
         return labels.get(self.engine_label_key) or labels.get(LEGACY_ENGINE_LABEL) or self.default_engine

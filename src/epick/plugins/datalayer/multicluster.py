@@ -68,6 +68,9 @@ class MultiClusterMetricsDataSource(HTTPSource):
     plugin_type = SOURCE_TYPE
     kind = "prometheus"
 
+    def polls_gateways(self) -> bool:
+        return True
+
     def target(self, endpoint: Endpoint) -> PollTarget:
         target = super().target(endpoint)
         host = endpoint.labels.get(METRICS_ADDRESS_LABEL, "")
