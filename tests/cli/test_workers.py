@@ -21,6 +21,7 @@ from epick.plugins.pickers.max_score import MaxScorePicker
 from epick.plugins.prefix.index import PrefixIndex
 from epick.plugins.prefix.scorer import PrefixCacheScorer
 from epick.proxy.server import ENDPOINT_HEADER, WORKER_HEADER
+from epick.service.settings import Settings
 from epick.service.workers.frames import frame, read_frame
 from epick.service.workers.link import WorkerLink
 from epick.service.workers.merge import MergedPages
@@ -67,12 +68,17 @@ def test_the_scorer_publishes_through_its_index() -> None:
     assert sent == [["ep", [5]]]
 
 
-@pytest.mark.parametrize(("workers", "by_prompt"), [(0, False), (1, False), (2, True)])
-def test_the_link_tells_pickers_how_many_workers_choose(workers: int, by_prompt: bool) -> None:
-    picker = MaxScorePicker()
-    link = WorkerLink("/nonexistent", 0, lambda: {"max-score-picker": picker}, workers=workers)
-    link.attach()
-    assert picker._by_prompt is by_prompt
+@pytest.mark.parametrize(("workers", "by_prompt"), [(1, False), (2, True), (4, True)])
+def test_a_workers_service_builds_its_plugins_for_the_worker_count(workers: int, by_prompt: bool) -> None:
+    from epick.service import Service
+    from epick.service.workers.process import Role, worker_settings
+
+    settings = Settings(
+        endpoints=(EndpointSpec("a", "127.0.0.1", 1, {}),), metrics_port=None, workers=workers
+    )
+    service = Service(worker_settings(settings, Role(index=0, count=workers, hub="/nonexistent")))
+    picker = service.director.config.plugins["max-score-picker"]
+    assert isinstance(picker, MaxScorePicker) and picker._by_prompt is by_prompt
 
 
 async def test_frames_carry_64_bit_hashes_and_end_cleanly() -> None:
@@ -115,7 +121,7 @@ def test_a_worker_serves_the_settings_on_shared_ports_with_its_own_metrics() -> 
     worker = worker_settings(settings, Role(index=2, count=3, hub="/tmp/hub.sock"))
     assert worker.proxy is not None and worker.proxy.worker == 2 and worker.proxy.port == 8080
     assert worker.extproc is not None and worker.extproc.shared_ports
-    assert (worker.metrics_host, worker.metrics_port, worker.workers) == ("127.0.0.1", 0, 1)
+    assert (worker.metrics_host, worker.metrics_port, worker.workers) == ("127.0.0.1", 0, 3)
     assert worker.endpoints == settings.endpoints
 
 

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from epick.framework import CycleState, InferenceRequest, PreRequest, Response, ResponseComplete, Usage
+from epick.framework import Clock, CycleState, InferenceRequest, PreRequest, Response, ResponseComplete, Usage
 from epick.framework.flowcontrol import (
     DEFAULT_FAIRNESS_ID,
     EvictionFilterPolicy,
@@ -159,6 +159,9 @@ class _Handle:
 
     def rng(self, name: str) -> Any:
         raise AssertionError("no flow-control policy draws random numbers")
+
+    clock = Clock()  # the config's clock, as the loader's handle gives it
+    workers = 1
 
 
 @pytest.mark.parametrize(("type_name", "protocol"), TYPES.items())

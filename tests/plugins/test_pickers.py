@@ -10,7 +10,6 @@ import pytest
 from pydantic import ValidationError
 
 from epick.framework import CycleState, Endpoint, ScoredEndpoint
-from epick.framework.replication import WorkerAware
 from epick.plugins.pickers.max_score import MaxScorePicker
 from epick.plugins.pickers.params import PickerParameters
 from epick.plugins.pickers.random_picker import RandomPicker
@@ -116,10 +115,7 @@ def test_max_score_top_k_is_deterministic_for_a_seed() -> None:
 def test_under_workers_max_score_breaks_ties_by_the_prompt_alike_in_every_copy() -> None:
     """Two workers' copies (their own random draws, candidates in another order) break the same tie
     the same way for one prompt, and send a request of another prompt wherever its hash says."""
-    copies = [MaxScorePicker(rng=random.Random(seed)) for seed in (1, 2)]
-    for picker in copies:
-        assert isinstance(picker, WorkerAware)
-        picker.set_workers(2)
+    copies = [MaxScorePicker(rng=random.Random(seed), workers=2) for seed in (1, 2)]
     tied = scored(a=0.5, b=0.9, c=0.9, d=0.9)
     for i in range(50):
         request = make_request(f"system prompt {i} " * 20)
@@ -131,8 +127,7 @@ def test_under_workers_max_score_breaks_ties_by_the_prompt_alike_in_every_copy()
 
 
 def test_under_workers_prompts_spread_evenly_over_tied_endpoints() -> None:
-    picker = MaxScorePicker(rng=random.Random(0))
-    picker.set_workers(4)
+    picker = MaxScorePicker(rng=random.Random(0), workers=4)
     tied = scored(a=1.0, b=1.0, c=1.0, d=1.0)
     counts = Counter(
         names(picker.pick(make_request(f"prompt number {i}"), CycleState(), tied).targets)[0]
@@ -143,9 +138,7 @@ def test_under_workers_prompts_spread_evenly_over_tied_endpoints() -> None:
 
 
 def test_under_workers_top_k_orders_ties_by_the_prompt() -> None:
-    copies = [MaxScorePicker(max_num_of_endpoints=3, rng=random.Random(seed)) for seed in (1, 2)]
-    for picker in copies:
-        picker.set_workers(2)
+    copies = [MaxScorePicker(max_num_of_endpoints=3, rng=random.Random(seed), workers=2) for seed in (1, 2)]
     request = make_request("a shared system prompt")
     tied = scored(a=0.9, b=0.5, c=0.5, d=0.5)
     first = names(copies[0].pick(request, CycleState(), tied).targets)
@@ -154,8 +147,7 @@ def test_under_workers_top_k_orders_ties_by_the_prompt() -> None:
 
 
 def test_one_worker_keeps_the_random_tie_break() -> None:
-    picker = MaxScorePicker(rng=random.Random(3))
-    picker.set_workers(1)
+    picker = MaxScorePicker(rng=random.Random(3), workers=1)
     request = make_request("the same prompt every time")
     tied = scored(a=1.0, b=1.0, c=1.0)
     assert {names(picker.pick(request, CycleState(), tied).targets)[0] for _ in range(200)} == {"a", "b", "c"}
@@ -315,3 +307,17 @@ def test_round_robin_takes_k_consecutive() -> None:
     first = picker.pick(make_request(), CycleState(), scored).targets
     second = picker.pick(make_request(), CycleState(), scored).targets
     assert [ep.name for ep in first] == ["a", "b"] and [ep.name for ep in second] == ["b", "c"]
+
+
+def test_the_config_tells_max_score_how_many_workers_pick_alike() -> None:
+    """The worker count reaches the picker from its factory's handle (`LoadOptions.workers`)."""
+    from epick.config import LoadOptions, load_default_config
+
+    tied = scored(a=1.0, b=1.0, c=1.0)
+    request = make_request("one prompt, picked again and again")
+    for workers, distinct in ((1, 3), (2, 1)):
+        config = load_default_config(seed=5, options=LoadOptions(workers=workers))
+        picker = config.plugins["max-score-picker"]
+        assert isinstance(picker, MaxScorePicker)
+        picked = {names(picker.pick(request, CycleState(), tied).targets)[0] for _ in range(200)}
+        assert len(picked) == distinct

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from epick.config.loader import load_config_text
 from epick.framework import (
+    Clock,
     CycleState,
     Endpoint,
     Filter,
@@ -213,6 +214,9 @@ class _Handle:
 
     def rng(self, name: str) -> random.Random:
         return random.Random(0)
+
+    clock = Clock()  # the config's clock, as the loader's handle gives it
+    workers = 1
 
 
 # Types with a parameter that has no default.

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from epick.config import ConfigError, load_config_text
-from epick.framework import CycleState, Endpoint, Plugin, Response
+from epick.framework import Clock, CycleState, Endpoint, Plugin, Response
 from epick.plugins import in_tree_registry
 from epick.plugins.registry import Registry
 from epick.plugins.screeners.disaggregatedset_rollout import (
@@ -51,6 +51,9 @@ class _Handle:
 
     def rng(self, name: str) -> random.Random:
         return random.Random(self.seed)
+
+    clock = Clock()  # the config's clock, as the loader's handle gives it
+    workers = 1
 
 
 def build(seed: int = 0, **params: Any) -> DisaggregatedSetRolloutScreener:

@@ -10,7 +10,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from epick.cli.simulate import CONFIG_POLICIES
-from epick.config import load_config_text
 from epick.config.defaults import DEFAULT_CONFIG_YAML
 from epick.datalayer.datastore import EndpointSpec
 from epick.plugins.prefix.scorer import PrefixCacheScorer
@@ -169,32 +168,35 @@ schedulingProfiles:
 """
 
 
-def offline_service(config_text: str, **kw: object) -> Service:
-    """A Service built but not started: no sockets, no tasks."""
+def offline_service(config_text: str, tmp_path: Path, **kw: object) -> Service:
+    """A Service built (not started: no sockets, no tasks) from the config file holding `config_text`."""
+    path = tmp_path / "config.yaml"
+    path.write_text(config_text)
     options = Settings(
         endpoints=(EndpointSpec("a", "127.0.0.1", 1, {}),),
         proxy=ProxyOptions(host="127.0.0.1", port=0),
         metrics_port=None,
         seed=SEED,
+        config_file=str(path),
         **kw,  # type: ignore[arg-type]
     )
-    return Service(options, load_config_text(config_text, seed=SEED))
+    return Service(options)
 
 
-def test_staleness_threshold_option_reaches_the_saturation_detector() -> None:
-    service = offline_service(DEFAULT_CONFIG_YAML, metrics_staleness_threshold=5.0)
+def test_staleness_threshold_option_reaches_the_saturation_detector(tmp_path: Path) -> None:
+    service = offline_service(DEFAULT_CONFIG_YAML, tmp_path, metrics_staleness_threshold=5.0)
     detector = service.director.config.saturation_detector
-    assert detector.params.metrics_staleness_threshold == 5.0
+    assert detector.params.metrics_staleness_threshold == 5.0  # type: ignore[attr-defined]
     assert (
         offline_service(
-            DEFAULT_CONFIG_YAML
-        ).director.config.saturation_detector.params.metrics_staleness_threshold
+            DEFAULT_CONFIG_YAML, tmp_path
+        ).director.config.saturation_detector.params.metrics_staleness_threshold  # type: ignore[attr-defined]
         == 0.2
     )
 
 
-def test_staleness_threshold_option_reaches_the_detector_used_as_a_filter() -> None:
-    service = offline_service(DETECTOR_AS_FILTER, metrics_staleness_threshold=5.0)
+def test_staleness_threshold_option_reaches_the_detector_used_as_a_filter(tmp_path: Path) -> None:
+    service = offline_service(DETECTOR_AS_FILTER, tmp_path, metrics_staleness_threshold=5.0)
     config = service.director.config
     [used_as_filter] = config.scheduler.profiles["default"].filters
     assert used_as_filter.params.metrics_staleness_threshold == 5.0  # type: ignore[attr-defined]

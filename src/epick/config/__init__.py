@@ -1,7 +1,7 @@
 """Loading `EndpointPickerConfig` files into a ready scheduler."""
 
 from epick.config.errors import ConfigError, ConfigIssue
-from epick.config.loaded import LoadedConfig, RequestHooks
+from epick.config.loaded import LoadedConfig, LoadOptions, RequestHooks
 from epick.config.loader import (
     load_config,
     load_config_file,
@@ -12,6 +12,7 @@ from epick.config.loader import (
 __all__ = [
     "ConfigError",
     "ConfigIssue",
+    "LoadOptions",
     "LoadedConfig",
     "RequestHooks",
     "load_config",

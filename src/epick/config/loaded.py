@@ -3,14 +3,16 @@ saturation detector, as `epick.config.loader` builds them from an `EndpointPicke
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from epick.config.datalayer import DataLayerPlan
 from epick.flowcontrol import FlowControlSettings
 from epick.framework import (
     Admitter,
     BatchingProducer,
+    Clock,
     DataProducer,
     ParserSet,
     Plugin,
@@ -68,6 +70,17 @@ class RequestHooks:
         return hooks
 
 
+@dataclass(frozen=True, slots=True)
+class LoadOptions:
+    """What the service gives a config's plugins beyond the file: the clock their factories get
+    (`Handle.clock`), how many worker processes decide with copies of the config (`Handle.workers`),
+    and parameters, by plugin type, that replace the file's (command-line settings)."""
+
+    clock: Clock | None = None  # None: a clock of the config's own, on the process's time
+    workers: int = 1
+    overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
 @dataclass(slots=True)
 class LoadedConfig:
     source: str
@@ -83,6 +96,10 @@ class LoadedConfig:
     # that keeps the instances whose configuration did not change: `load_config(previous=)`).
     fingerprints: dict[str, str] = field(default_factory=dict)
     uses: dict[str, frozenset[str]] = field(default_factory=dict)
+    # What the plugins' factories were given: the config's clock (the simulator points it at
+    # virtual time) and how many worker processes decide with copies of this config.
+    clock: Clock = field(default_factory=Clock)
+    workers: int = 1
 
     def summary(self) -> list[str]:
         """One line per profile, then the handler: what `epick check-config` prints."""

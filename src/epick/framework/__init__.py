@@ -3,6 +3,7 @@
 Pure: nothing here does I/O, and nothing imports HTTP, Kubernetes or asyncio.
 """
 
+from epick.framework.clock import Clock
 from epick.framework.cycle_state import CycleState
 from epick.framework.endpoint import ROLE_LABEL, Endpoint, Metrics
 from epick.framework.errors import EndpointsFilteredError, NoEndpointsError, SchedulingError
@@ -59,6 +60,7 @@ __all__ = [
     "BadRequestError",
     "BatchingProducer",
     "ChatMessage",
+    "Clock",
     "CycleState",
     "DataProducer",
     "Endpoint",

@@ -47,15 +47,6 @@ class Replicated(Plugin, Protocol):
         ...
 
 
-@runtime_checkable
-class WorkerAware(Protocol):
-    def set_workers(self, count: int) -> None:
-        """This instance is one of `count` (> 1) workers' copies: a choice it would make at random
-        between equals should be one every copy makes alike for the same request (else two
-        workers that see a new prompt at once send it to two endpoints)."""
-        ...
-
-
 def unshared_state(plugin: object) -> str:
     """What `plugin` remembers of earlier requests that the workers do not share, in words ("" for
     nothing): a `Replicated` plugin shares its state; another says what it keeps in a `worker_state`

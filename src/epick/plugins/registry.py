@@ -11,7 +11,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
-from epick.framework import Plugin
+from epick.framework import Clock, Plugin
 
 
 class Parameters(BaseModel):
@@ -36,6 +36,17 @@ class Handle(Protocol):
 
     def rng(self, name: str) -> random.Random:
         """A random source for plugin `name`, seeded from the config's seed when one is set."""
+        ...
+
+    @property
+    def clock(self) -> Clock:
+        """The config's clock, for a plugin that keeps time (virtual time in the fleet simulator)."""
+        ...
+
+    @property
+    def workers(self) -> int:
+        """How many worker processes decide with copies of this config (`epick serve --workers`): a
+        plugin that picks at random between equals picks alike in every copy when above 1."""
         ...
 
 

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import signal
 
 import uvloop
 
-from epick.config import LoadedConfig, load_config
-from epick.service.service import Service
+from epick.config import LoadedConfig
+from epick.service.service import Service, load_service_config
 from epick.service.settings import Settings, SettingsError
 from epick.service.workers import Supervisor, cores_available, default_workers
 
@@ -47,7 +48,8 @@ def worker_count(settings: Settings) -> tuple[int, LoadedConfig | None]:
     more than one worker, and `ConfigError` for a bad config."""
     if settings.workers == 1 or (settings.workers is None and not (settings.proxy or settings.extproc)):
         return 1, None
-    config = load_config(settings.config_file, seed=settings.seed)  # checked once, here
+    # Checked once, here (a single process serves it: built for one worker).
+    config = load_service_config(dataclasses.replace(settings, workers=1))
     if settings.workers is None:
         count, reason = default_workers(
             cores_available(),

@@ -24,7 +24,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from epick.config import ConfigError, LoadedConfig, load_config
+from epick.config import ConfigError, LoadedConfig, LoadOptions, load_config
 from epick.datalayer.datastore import Datastore
 from epick.datalayer.discovery.file import FileDiscoveryRunner
 from epick.datalayer.discovery.kubernetes import KubernetesDiscovery
@@ -36,7 +36,6 @@ from epick.datalayer.objectives import priorities as objective_priorities
 from epick.datalayer.rewrites import Rewrite, RewriteError
 from epick.datalayer.scraper import ScraperPool
 from epick.extproc.server import ExtProcServer
-from epick.plugins.filters.utilization import UtilizationDetector
 from epick.proxy.server import Proxy
 from epick.requestcontrol.director import Director
 from epick.requestcontrol.metrics import EppMetrics
@@ -46,6 +45,19 @@ from epick.service.settings import Settings
 __all__ = ["Service"]
 
 log = logging.getLogger("epick.serve")
+
+UTILIZATION_DETECTOR = "utilization-detector"  # upstream's saturation detector type
+
+
+def load_service_config(settings: Settings, previous: LoadedConfig | None = None) -> LoadedConfig:
+    """The config file the settings name, with what the service gives its plugins beyond the file:
+    the worker count they are built for, and the command line's metrics staleness threshold over
+    every utilization detector's (the admission detector's and any used as a filter)."""
+    overrides: dict[str, dict[str, Any]] = {}
+    if settings.metrics_staleness_threshold is not None:
+        overrides[UTILIZATION_DETECTOR] = {"metricsStalenessThreshold": settings.metrics_staleness_threshold}
+    options = LoadOptions(workers=settings.workers or 1, overrides=overrides)
+    return load_config(settings.config_file, seed=settings.seed, previous=previous, options=options)
 
 
 class Service:
@@ -114,7 +126,7 @@ class Service:
         )
 
     def _load(self, previous: LoadedConfig | None = None) -> LoadedConfig:
-        return load_config(self.settings.config_file, seed=self.settings.seed, previous=previous)
+        return load_service_config(self.settings, previous=previous)
 
     def _cluster_objectives_changed(self, found: list[Objective]) -> None:
         """The pool's InferenceObjectives changed: they name priorities, over the settings' objectives."""
@@ -125,17 +137,7 @@ class Service:
         self.director.rewrites = self.rewrites.current()
 
     def _prepare(self, config: LoadedConfig) -> LoadedConfig:
-        config.scheduler.timer = self.metrics
-        staleness = self.settings.metrics_staleness_threshold
-        if staleness is not None:
-            # The admission detector and any utilization-detector used as a filter alike.
-            detectors = {id(d): d for d in config.plugins.values() if isinstance(d, UtilizationDetector)}
-            if isinstance(config.saturation_detector, UtilizationDetector):
-                detectors[id(config.saturation_detector)] = config.saturation_detector
-            for detector in detectors.values():
-                detector.params = detector.params.model_copy(
-                    update={"metrics_staleness_threshold": staleness}
-                )
+        config.scheduler.timer = self.metrics  # the scheduler's plugin timings, in /metrics
         return config
 
     # --- reload ----------------------------------------------------------------------------------

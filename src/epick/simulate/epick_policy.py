@@ -65,10 +65,9 @@ class EpickPolicy:
         # Plugins that keep a KV-block index hear the simulated engines' events (in virtual time),
         # and read the request's token ids, which the simulated client sends as the engine sees them.
         self.sinks = [p for p in config.plugins.values() if isinstance(p, KVEventSink)]
-        # Plugins that keep time (speculative index entries, response timings) keep virtual time.
-        for plugin in config.plugins.values():
-            if callable(getattr(plugin, "clock", None)):
-                plugin.clock = lambda: self._now  # type: ignore[attr-defined]
+        # Plugins that keep time (speculative index entries, response timings, flow-control
+        # attained service) got the config's clock from their handle: it keeps virtual time now.
+        config.clock.follow(lambda: self._now)
         self._served: dict[str, int] = {}  # request id -> tokens it produced
         self._responses: dict[str, Response] = {}  # streaming, by request id
         self.reads_tokens = any(reads_of(p) & Reads.TOKENS for p in config.plugins.values())

@@ -370,7 +370,7 @@ class ProgramAwareFairness(NamedPlugin):
 
 
 def _factory(name: str, params: ProgramAwareParameters, handle: Handle) -> ProgramAwareFairness:
-    return ProgramAwareFairness(name, params)
+    return ProgramAwareFairness(name, params, clock=handle.clock)
 
 
 SPEC = PluginSpec(

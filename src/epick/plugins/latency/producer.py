@@ -397,7 +397,9 @@ def _factory(name: str, params: PredictedLatencyParameters, handle: Handle) -> P
         )
     prefix = resolve_producer(handle, params.prefix_match_info_producer_name, "prefixMatchInfoProducerName")
     inflight = resolve_inflight(handle, params.in_flight_load_producer_name, "inFlightLoadProducerName")
-    return PredictedLatencyProducer(name, params, prefix_producer=prefix, inflight=inflight)
+    return PredictedLatencyProducer(
+        name, params, prefix_producer=prefix, inflight=inflight, clock=handle.clock
+    )
 
 
 def requires_inputs(params: PredictedLatencyParameters, api_version: str = "") -> tuple[str, ...]:

@@ -39,15 +39,18 @@ class MaxScorePicker(NamedPlugin):
     worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
-        self, name: str | None = None, max_num_of_endpoints: int = 1, rng: random.Random | None = None
+        self,
+        name: str | None = None,
+        max_num_of_endpoints: int = 1,
+        rng: random.Random | None = None,
+        workers: int = 1,
     ):
+        """`workers`: how many worker processes pick with copies of this picker; above 1, ties are
+        broken by the prompt, alike in every copy, not at random."""
         super().__init__(name)
         self.max_num_of_endpoints = max_num_of_endpoints
         self._rng = rng or random.Random()
-        self._by_prompt = False  # ties broken by the prompt (set_workers), not at random
-
-    def set_workers(self, count: int) -> None:
-        self._by_prompt = count > 1
+        self._by_prompt = workers > 1
 
     def pick(
         self, request: InferenceRequest, cycle_state: CycleState, scored: Sequence[ScoredEndpoint]
@@ -85,7 +88,7 @@ def _rank(key: bytes, endpoint: str) -> int:
 
 
 def _factory(name: str, params: PickerParameters, handle: Handle) -> MaxScorePicker:
-    return MaxScorePicker(name, params.max_num_of_endpoints, handle.rng(name))
+    return MaxScorePicker(name, params.max_num_of_endpoints, handle.rng(name), workers=handle.workers)
 
 
 SPEC = PluginSpec(TYPE, _factory, PickerParameters, "highest weighted total wins, random tie-break")

@@ -207,7 +207,12 @@ class PrecisePrefixCacheProducer(NamedPlugin):
     reads = Reads.TOKENS | Reads.MODEL | Reads.HISTORY
     worker_state = ""  # nothing of its own to share between workers
 
-    def __init__(self, name: str | None = None, params: PreciseParameters | None = None) -> None:
+    def __init__(
+        self,
+        name: str | None = None,
+        params: PreciseParameters | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__(name)
         self.params = params = params or PreciseParameters()
         processor = params.processor()
@@ -224,7 +229,7 @@ class PrecisePrefixCacheProducer(NamedPlugin):
         self.speculative_ttl = params.speculative_ttl
         if self.speculative:  # the engines' events reach every worker; a guess only its own
             self.worker_state = "its speculative entries"
-        self.clock: Callable[[], float] = time.monotonic
+        self.clock = clock
         self.enable_metrics = params.indexer_config.kv_block_index_config.enable_metrics
         self.lookups = 0  # lookups made (upstream's kv_cache_index_lookup_requests_total)
         self.lookup_hits = 0  # blocks of the best candidate's run, summed over lookups
@@ -348,7 +353,7 @@ def _factory(name: str, params: PreciseParameters, handle: Handle) -> PrecisePre
             "tokenizersPoolConfig is not supported; configure a token-producer plugin instead",
             "add a token-producer plugin (its tokens are shared by every plugin that reads them)",
         )
-    return PrecisePrefixCacheProducer(name, params)
+    return PrecisePrefixCacheProducer(name, params, clock=handle.clock)
 
 
 def _requires(params: PreciseParameters, api_version: str = "") -> tuple[str, ...]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgpack
 
-from epick.framework.replication import Replicated, WorkerAware
+from epick.framework.replication import Replicated
 from epick.service.workers.count import unshared_plugins
 from epick.service.workers.frames import HEAD, frame
 
@@ -33,11 +33,9 @@ class WorkerLink:
         index: int,
         plugins: Any,
         shared: Mapping[str, Replicated] | None = None,
-        workers: int = 0,
     ) -> None:
         self.hub_path = hub_path
         self.index = index
-        self.workers = workers  # how many there are (0: not known)
         self.plugins = plugins  # () -> Mapping[str, Plugin]: the running config's plugins
         self.shared = dict(shared or {})  # replicated state outside the config (endpoint metrics)
         self._sock: socket.socket | None = None
@@ -89,15 +87,13 @@ class WorkerLink:
         self._send(frame({"t": "metrics", "port": port}))
 
     def attach(self) -> None:
-        """(Again, after a config reload) hand every replicated plugin its publisher, and tell the
-        plugins that make random choices how many workers make them."""
+        """(Again, after a config reload) hand every replicated plugin its publisher. (Plugins that
+        choose at random between equals learned the worker count from their factory's handle.)"""
         self._replicated = {}
         for name, plugin in [*self.shared.items(), *self.plugins().items()]:
             if isinstance(plugin, Replicated) and name not in self._replicated:
                 plugin.replicate(self._publisher(name), self.index)
                 self._replicated[name] = plugin
-            if self.workers > 1 and isinstance(plugin, WorkerAware):
-                plugin.set_workers(self.workers)
         unshared = unshared_plugins(self.plugins())
         if unshared and self.index == 0:
             log.warning("with --workers, each worker keeps its own: %s", "; ".join(unshared))

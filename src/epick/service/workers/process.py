@@ -41,11 +41,12 @@ class Role:
 
 def worker_settings(settings: Settings, role: Role) -> Settings:
     """The settings a worker serves with: its proxy numbered, the gRPC ports shared, its /metrics on
-    a loopback port of its own (the supervisor serves the merged page)."""
+    a loopback port of its own (the supervisor serves the merged page); `workers` stays the count,
+    which the config's plugins are built for."""
     proxy = dataclasses.replace(settings.proxy, worker=role.index) if settings.proxy else None
     extproc = dataclasses.replace(settings.extproc, shared_ports=True) if settings.extproc else None
     return dataclasses.replace(
-        settings, metrics_port=0, metrics_host="127.0.0.1", proxy=proxy, extproc=extproc, workers=1
+        settings, metrics_port=0, metrics_host="127.0.0.1", proxy=proxy, extproc=extproc, workers=role.count
     )
 
 
@@ -59,7 +60,6 @@ async def run_worker(settings: Settings, role: Role) -> None:
         role.index,
         lambda: service.director.config.plugins,
         shared={SHARED_METRICS: SharedMetrics(service.datastore, service.scrapers)},
-        workers=role.count,
     )
     await link.connect()  # the shared state first: then serve
     service.director.before_schedule = link.catch_up
