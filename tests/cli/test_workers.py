@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from epick.config import load_default_config
 from epick.datalayer.datastore import EndpointSpec
 from epick.plugins.pickers.max_score import MaxScorePicker
 from epick.plugins.prefix.index import PrefixIndex
@@ -316,24 +317,37 @@ def test_flow_control_is_refused_with_workers(capsys: pytest.CaptureFixture[str]
 
 
 def test_the_worker_link_names_what_stays_per_worker(caplog: pytest.LogCaptureFixture) -> None:
+    from epick.config import load_config_text
     from epick.framework import NamedPlugin, Reads
-    from epick.plugins.load.inflight import InFlightLoadProducer
-    from epick.plugins.scorers.no_hit_lru import NoHitLruScorer
-    from epick.plugins.session.filter import SessionAffinityFilter, SessionAffinityParameters
+    from epick.plugins import in_tree_registry
+    from epick.plugins.registry import PluginSpec
 
-    class OutOfTree(NamedPlugin):  # reads HISTORY, says nothing of what it keeps
+    class OutOfTree(NamedPlugin):  # reads HISTORY, its spec says nothing of what it keeps
         plugin_type = "my-scorer"
         reads = Reads.HISTORY
 
-    plugins = {
-        "prefix-cache-scorer": PrefixCacheScorer(),
-        "no-hit-lru-scorer": NoHitLruScorer(),
-        "inflight-load-producer": InFlightLoadProducer(),
-        "header-sessions": SessionAffinityFilter("header-sessions"),
-        "id-sessions": SessionAffinityFilter("id-sessions", SessionAffinityParameters(strategy="session_id")),
-        "mine": OutOfTree("mine"),
-    }
-    link = WorkerLink("/nonexistent", 0, lambda: plugins)
+        def score(self, request: object, cycle_state: object, endpoints: list[object]) -> list[float]:
+            return [0.0] * len(endpoints)
+
+    registry = in_tree_registry()
+    registry.register(PluginSpec("my-scorer", lambda name, params, handle: OutOfTree(name)))
+    config = load_config_text(
+        """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefix-cache-scorer
+- type: no-hit-lru-scorer
+- type: inflight-load-producer
+- {name: header-sessions, type: session-affinity-filter}
+- {name: id-sessions, type: session-affinity-filter, parameters: {strategy: session_id}}
+- {name: mine, type: my-scorer}
+- type: max-score-picker
+""",
+        seed=1,
+        registry=registry,
+    )
+    link = WorkerLink("/nonexistent", 0, lambda: config)
     with caplog.at_level("WARNING"):
         link.attach()
     assert "id-sessions (session-affinity-filter): its session bindings" in caplog.text
@@ -483,24 +497,24 @@ def test_the_cores_available_are_the_affinity_capped_by_the_cgroup_quota(
 
 
 def test_the_default_is_one_worker_per_core_unless_something_would_be_split() -> None:
-    from epick.config import load_config
-    from epick.plugins.session.filter import SessionAffinityFilter, SessionAffinityParameters
+    from epick.config import load_config, load_config_text
     from epick.service.workers import default_workers
 
-    plugins = load_config(None, seed=1).plugins  # the default config shares all it keeps
-    assert default_workers(4, plugins, flow_control=False, grpc_ports_fixed=True) == (
-        4,
-        "4 cores are available",
-    )
-    assert default_workers(1, plugins, flow_control=False, grpc_ports_fixed=True)[0] == 1
-    count, reason = default_workers(4, plugins, flow_control=True, grpc_ports_fixed=True)
+    config = load_config(None, seed=1)  # the default config shares all it keeps
+    assert default_workers(4, config, grpc_ports_fixed=True) == (4, "4 cores are available")
+    assert default_workers(1, config, grpc_ports_fixed=True)[0] == 1
+    flow = load_config(Path(__file__).parents[2] / "config" / "flow-control.yaml", seed=1)
+    count, reason = default_workers(4, flow, grpc_ports_fixed=True)
     assert count == 1 and "flow control" in reason
-    count, reason = default_workers(4, plugins, flow_control=False, grpc_ports_fixed=False)
+    count, reason = default_workers(4, config, grpc_ports_fixed=False)
     assert count == 1 and "gRPC ports" in reason
-    sessions = SessionAffinityFilter("sessions", SessionAffinityParameters(strategy="session_id"))
-    count, reason = default_workers(
-        4, {**plugins, "sessions": sessions}, flow_control=False, grpc_ports_fixed=True
+    sessions = load_config_text(
+        "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
+        "plugins:\n- {name: sessions, type: session-affinity-filter, parameters: {strategy: session_id}}\n"
+        "- type: max-score-picker\n",
+        seed=1,
     )
+    count, reason = default_workers(4, sessions, grpc_ports_fixed=True)
     assert count == 1 and "sessions (session-affinity-filter): its session bindings" in reason
 
 
@@ -548,7 +562,9 @@ async def test_a_decision_first_applies_what_reached_the_link(tmp_path: Path) ->
     path = tmp_path / "hub.sock"
     server = await asyncio.start_unix_server(serve_hub, path)
     scorer = PrefixCacheScorer()
-    link = WorkerLink(str(path), 1, lambda: {"prefix-cache-scorer": scorer})
+    config = load_default_config(seed=1)
+    config.plugins["prefix-cache-scorer"] = scorer
+    link = WorkerLink(str(path), 1, lambda: config)
     await link.connect()
     reader, writer = await hub
     writer.write(frame({"t": "u", "from": 0, "items": [["prefix-cache-scorer", ["ep-0", [5, 6]]]]}))

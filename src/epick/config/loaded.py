@@ -100,6 +100,8 @@ class LoadedConfig:
     # virtual time) and how many worker processes decide with copies of this config.
     clock: Clock = field(default_factory=Clock)
     workers: int = 1
+    # Per plugin: what it keeps per worker, as its spec declares (absent: not declared).
+    worker_states: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> list[str]:
         """One line per profile, then the handler: what `epick check-config` prints."""

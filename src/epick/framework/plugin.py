@@ -31,10 +31,9 @@ class NamedPlugin:
     """A convenience for plugin classes: `plugin_type` and what the plugin reads (`Reads`) on the class,
     `name` per instance.
 
-    A plugin that reads `Reads.HISTORY` also says what it keeps from earlier requests that
-    `epick serve --workers` does not share between its processes, in words, as `worker_state`
-    ("" for nothing: it reads another plugin's state, or a random draw); see
-    `epick.framework.replication.unshared_state`."""
+    A plugin that reads `Reads.HISTORY` also says, on its spec (`PluginSpec.worker_state`), what it
+    keeps from earlier requests that `epick serve --workers` does not share between its processes;
+    see `epick.framework.replication.unshared_state`."""
 
     plugin_type: ClassVar[str] = ""
     reads: ClassVar[Reads] = Reads.EVERYTHING

@@ -47,14 +47,13 @@ class Replicated(Plugin, Protocol):
         ...
 
 
-def unshared_state(plugin: object) -> str:
+def unshared_state(plugin: object, declared: str | None) -> str:
     """What `plugin` remembers of earlier requests that the workers do not share, in words ("" for
-    nothing): a `Replicated` plugin shares its state; another says what it keeps in a `worker_state`
-    attribute ("" when it keeps nothing, a random draw or a turn aside); one that says neither but
-    reads `Reads.HISTORY` is taken to keep some."""
+    nothing): a `Replicated` plugin shares its state; another says what it keeps on its spec
+    (`declared`: "" when it keeps nothing, a random draw or a turn aside); one that declares neither
+    but reads `Reads.HISTORY` is taken to keep some."""
     if isinstance(plugin, Replicated):
         return ""
-    state = getattr(plugin, "worker_state", None)
-    if isinstance(state, str):
-        return state
+    if declared is not None:
+        return declared
     return "state it does not declare" if Reads.HISTORY in reads_of(plugin) else ""

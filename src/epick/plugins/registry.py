@@ -70,6 +70,16 @@ class PluginSpec:
     # apiVersion (GIE's and llm-d's loaders differ): when the config has no plugin of that name, the
     # loader adds one with default parameters (upstream's default producers).
     requires: Callable[[Any, str], tuple[str, ...]] | None = None
+    # What a plugin built from this spec remembers of earlier requests that `epick serve`'s workers
+    # do not share, in words ("" for nothing: no state, a random draw, a turn aside), or a function
+    # of its parameters saying so. None: not declared (a `Replicated` plugin shares its state; one
+    # that reads `Reads.HISTORY` and declares nothing is taken to keep some).
+    worker_state: str | Callable[[Any], str] | None = None
+
+    def worker_state_of(self, params: Any) -> str | None:
+        """What a plugin built with `params` keeps per worker (None: not declared)."""
+        state = self.worker_state
+        return state(params) if callable(state) else state
 
 
 class ParameterError(ValueError):

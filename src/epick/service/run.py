@@ -51,12 +51,7 @@ def worker_count(settings: Settings) -> tuple[int, LoadedConfig | None]:
     # Checked once, here (a single process serves it: built for one worker).
     config = load_service_config(dataclasses.replace(settings, workers=1))
     if settings.workers is None:
-        count, reason = default_workers(
-            cores_available(),
-            config.plugins,
-            flow_control=config.flow_control is not None,
-            grpc_ports_fixed=settings.grpc_ports_fixed,
-        )
+        count, reason = default_workers(cores_available(), config, grpc_ports_fixed=settings.grpc_ports_fixed)
         log.info("serving with %d worker process%s: %s", count, "es" if count > 1 else "", reason)
         return count, config
     if settings.workers > 1 and config.flow_control is not None:

@@ -35,7 +35,6 @@ class LowQueueParameters(Parameters):
 class LowQueueFilter(NamedPlugin):
     plugin_type = "low-queue-filter"
     reads = Reads.METRICS
-    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(self, name: str | None = None, threshold: int = 128) -> None:
         super().__init__(name)
@@ -50,7 +49,6 @@ class LowQueueFilter(NamedPlugin):
 class LeastQueueFilter(NamedPlugin):
     plugin_type = "least-queue-filter"
     reads = Reads.METRICS
-    worker_state = ""  # nothing of its own to share between workers
 
     def filter(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
@@ -62,7 +60,6 @@ class LeastQueueFilter(NamedPlugin):
 class LeastKVCacheFilter(NamedPlugin):
     plugin_type = "least-kv-cache-filter"
     reads = Reads.METRICS
-    worker_state = ""  # nothing of its own to share between workers
 
     def filter(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
@@ -89,7 +86,6 @@ class LoraAffinityParameters(Parameters):
 class LoraAffinityFilter(NamedPlugin):
     plugin_type = "lora-affinity-filter"
     reads = Reads.METRICS | Reads.MODEL | Reads.HISTORY  # a random draw
-    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self, name: str | None = None, threshold: float = 0.999, rng: random.Random | None = None
@@ -138,7 +134,6 @@ DecisionTreeEntry.model_rebuild()
 class DecisionTreeFilter(NamedPlugin):
     plugin_type = "decision-tree-filter"
     reads = Reads.NOTHING  # its branches are plugins of their own
-    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,
@@ -228,13 +223,14 @@ def specs() -> list[PluginSpec]:
     """Each filter under its GIE v0.5 type name (…-filter), with its later short name as an alias."""
     return [
         PluginSpec("low-queue-filter", _low_queue, LowQueueParameters, "waiting queue at most the threshold",
-                   aliases=("low-queue",)),
+                   aliases=("low-queue",), worker_state=""),
         PluginSpec("least-queue-filter", _least_queue, NoParameters, "queues in the lowest 1/n of the range",
-                   aliases=("least-queue",)),
+                   aliases=("least-queue",), worker_state=""),
         PluginSpec("least-kv-cache-filter", _least_kv, NoParameters,
-                   "KV-cache use in the lowest 1/n of the range", aliases=("least-kv-cache",)),
+                   "KV-cache use in the lowest 1/n of the range", aliases=("least-kv-cache",),
+                   worker_state=""),
         PluginSpec("lora-affinity-filter", _lora, LoraAffinityParameters,
-                   "endpoints with the adapter, or room for it", aliases=("lora-affinity",)),
+                   "endpoints with the adapter, or room for it", aliases=("lora-affinity",), worker_state=""),
         PluginSpec("decision-tree-filter", _decision_tree, DecisionTreeParameters,
-                   "filters chained on success or failure", aliases=("decision-tree",)),
+                   "filters chained on success or failure", aliases=("decision-tree",), worker_state=""),
     ]  # fmt: skip

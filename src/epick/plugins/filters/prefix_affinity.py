@@ -71,7 +71,6 @@ class PrefixAffinityParameters(Parameters):
 class PrefixCacheAffinityFilter(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HISTORY  # the prefix match and the in-flight counts
-    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,
@@ -169,4 +168,5 @@ SPEC = PluginSpec(
     PrefixAffinityParameters,
     "only endpoints likely holding the prefix, unless TTFT suffers",
     requires=_requires,
+    worker_state="",
 )

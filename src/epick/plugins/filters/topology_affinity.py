@@ -86,7 +86,6 @@ class TopologyAffinityFilterParameters(Parameters):
 class TopologyAffinityFilter(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HISTORY  # the peer an earlier stage of this request chose (cycle state)
-    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self, name: str | None = None, min_affinity: Level = Level.HOST, producer_name: str = ""
@@ -123,4 +122,5 @@ SPEC = PluginSpec(
     _factory,
     TopologyAffinityFilterParameters,
     "keep candidates sharing minAffinity or a tighter tier with the peer stage's endpoint",
+    worker_state="",
 )

@@ -32,7 +32,6 @@ class UtilizationParameters(Parameters):
 class UtilizationDetector(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.METRICS | Reads.HISTORY  # metrics and their age
-    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,
@@ -85,4 +84,6 @@ def _factory(name: str, params: UtilizationParameters, handle: Handle) -> Utiliz
     return UtilizationDetector(name, params)
 
 
-SPEC = PluginSpec(TYPE, _factory, UtilizationParameters, "drop saturated endpoints; keep all if all are")
+SPEC = PluginSpec(
+    TYPE, _factory, UtilizationParameters, "drop saturated endpoints; keep all if all are", worker_state=""
+)

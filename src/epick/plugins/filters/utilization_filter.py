@@ -95,7 +95,6 @@ def check(params: UtilizationFilterParameters) -> list[tuple[str, float]]:
 class UtilizationFilter(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.METRICS | Reads.HISTORY  # scraped metrics, and the in-flight counts
-    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,
@@ -150,4 +149,5 @@ SPEC = PluginSpec(
     UtilizationFilterParameters,
     "only endpoints within every utilization cap",
     requires=_requires,
+    worker_state="",
 )

@@ -48,7 +48,6 @@ class IncompatiblePriorityTypeError(ValueError):
 class GlobalStrictFairnessPolicy(NamedPlugin):
     plugin_type = GLOBAL_STRICT_TYPE
     reads = Reads.NOTHING
-    worker_state = "flow control's rotation over flows"
 
     def new_state(self) -> None:
         return None
@@ -96,7 +95,6 @@ class RoundRobinCursor:
 class RoundRobinFairnessPolicy(NamedPlugin):
     plugin_type = ROUND_ROBIN_TYPE
     reads = Reads.HISTORY
-    worker_state = "flow control's rotation over flows"
 
     def new_state(self) -> RoundRobinCursor:
         return RoundRobinCursor()
@@ -145,7 +143,12 @@ GLOBAL_STRICT_SPEC = PluginSpec(
     _global_strict,
     NoParameters,
     "flow-control fairness: the band's best head item by its ordering policy, whichever flow",
+    worker_state="flow control's rotation over flows",
 )
 ROUND_ROBIN_SPEC = PluginSpec(
-    ROUND_ROBIN_TYPE, _round_robin, NoParameters, "flow-control fairness: the band's flows in turn"
+    ROUND_ROBIN_TYPE,
+    _round_robin,
+    NoParameters,
+    "flow-control fairness: the band's flows in turn",
+    worker_state="flow control's rotation over flows",
 )

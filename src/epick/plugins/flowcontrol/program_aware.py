@@ -236,7 +236,6 @@ def _remember(table: OrderedDict[int, Any], key: int, value: Any) -> None:
 class ProgramAwareFairness(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HEADERS | Reads.HISTORY
-    worker_state = "flow control's usage per program"
 
     def __init__(
         self,
@@ -378,4 +377,5 @@ SPEC = PluginSpec(
     _factory,
     ProgramAwareParameters,
     "flow-control fairness: the program with the least attained service (decayed tokens) first",
+    worker_state="flow control's usage per program",
 )

@@ -53,7 +53,6 @@ class StaticUsageLimitParameters(Parameters):
 class StaticUsageLimitPolicy(NamedPlugin):
     plugin_type = STATIC_TYPE
     reads = Reads.NOTHING
-    worker_state = "flow control's usage per flow"
 
     def __init__(self, name: str | None = None, threshold: float = 1.0) -> None:
         super().__init__(name)
@@ -133,7 +132,6 @@ def value_ceilings(c_min: float, c_max: float, priorities: Sequence[int], ceilin
 class PriorityHoldbackPolicy(NamedPlugin):
     plugin_type = PRIORITY_HOLDBACK_TYPE
     reads = Reads.NOTHING
-    worker_state = "flow control's usage per flow"
 
     def __init__(
         self,
@@ -176,7 +174,6 @@ def go_round(x: float) -> float:
 class SoftReflectiveCeilingPolicy(NamedPlugin):
     plugin_type = SOFT_REFLECTIVE_CEILING_TYPE
     reads = Reads.HISTORY
-    worker_state = "flow control's usage per flow"
 
     def __init__(self, name: str | None = None) -> None:
         super().__init__(name)
@@ -224,17 +221,23 @@ def _soft_reflective(name: str, params: NoParameters, handle: Handle) -> SoftRef
 
 
 STATIC_SPEC = PluginSpec(
-    STATIC_TYPE, _static, StaticUsageLimitParameters, "flow-control usage limit: one ceiling for every band"
+    STATIC_TYPE,
+    _static,
+    StaticUsageLimitParameters,
+    "flow-control usage limit: one ceiling for every band",
+    worker_state="flow control's usage per flow",
 )
 PRIORITY_HOLDBACK_SPEC = PluginSpec(
     PRIORITY_HOLDBACK_TYPE,
     _priority_holdback,
     PriorityHoldbackParameters,
     "flow-control usage limit: ceilings from maxCeiling down to minCeiling by priority",
+    worker_state="flow control's usage per flow",
 )
 SOFT_REFLECTIVE_CEILING_SPEC = PluginSpec(
     SOFT_REFLECTIVE_CEILING_TYPE,
     _soft_reflective,
     NoParameters,
     "flow-control usage limit: lower bands open on a share of cycles as saturation rises",
+    worker_state="flow control's usage per flow",
 )

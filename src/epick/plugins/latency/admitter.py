@@ -34,7 +34,6 @@ class LatencyAdmitterParameters(Parameters):
 class LatencySLOAdmitter(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HEADERS | Reads.METRICS | Reads.HISTORY
-    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(self, name: str | None = None, *, latency_producer: str = PRODUCER_TYPE) -> None:
         super().__init__(name)
@@ -74,4 +73,5 @@ SPEC = PluginSpec(
     LatencyAdmitterParameters,
     "refuses sheddable requests whose latency objectives no endpoint is predicted to meet",
     requires=requires_latency,
+    worker_state="",
 )

@@ -37,7 +37,6 @@ class CostParameters(Parameters):
 class LatencyCostScorer(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.BODY | Reads.HISTORY
-    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,
@@ -99,4 +98,5 @@ SPEC = PluginSpec(
     CostParameters,
     "epick: the candidate predicted to finish the request soonest (TTFT + output tokens x TPOT)",
     requires=requires_latency,
+    worker_state="",
 )

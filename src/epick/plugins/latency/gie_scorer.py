@@ -46,7 +46,7 @@ from pydantic import Field, field_validator
 from epick.framework import CycleState, Endpoint, InferenceRequest, Reads
 from epick.plugins.latency.parameters import PredictedLatencyParameters
 from epick.plugins.latency.predictions import LatencyPrediction, read_predictions
-from epick.plugins.latency.producer import PredictedLatencyProducer, requires_inputs
+from epick.plugins.latency.producer import PRODUCER_WORKER_STATE, PredictedLatencyProducer, requires_inputs
 from epick.plugins.latency.scorer import go_round
 from epick.plugins.load.inflight import InFlightLoadProducer, resolve_inflight
 from epick.plugins.prefix.scorer import PrefixMatch, resolve_producer
@@ -305,4 +305,5 @@ SPEC = PluginSpec(
     GIEPredictedLatencyParameters,
     "GIE v1.5.0's predicted-latency plugin: predicts, then picks one endpoint by headroom and affinity",
     requires=requires_inputs,
+    worker_state=PRODUCER_WORKER_STATE,
 )

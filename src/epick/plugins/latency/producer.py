@@ -67,6 +67,7 @@ from epick.plugins.prefix.scorer import MATCH_DATA_TYPE, PrefixMatch, resolve_pr
 from epick.plugins.registry import Handle, PluginSpec, producer_for
 
 TYPE = "predicted-latency-producer"
+PRODUCER_WORKER_STATE = "its latency model and the requests it saw running"
 DATA_TYPE = "LatencyPredictionInfoDataKey"
 PREFILL_PROFILE = "prefill"
 
@@ -132,7 +133,6 @@ class _RunningSet:
 class PredictedLatencyProducer(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.METRICS | Reads.HEADERS | Reads.PROMPT_SIZE | Reads.TOKENS | Reads.HISTORY
-    worker_state = "its latency model and the requests it saw running"
 
     def __init__(
         self,
@@ -438,4 +438,5 @@ SPEC = PluginSpec(
     PredictedLatencyParameters,
     "predicted TTFT and TPOT per candidate, and their headroom against the request's objectives",
     requires=requires_inputs,
+    worker_state=PRODUCER_WORKER_STATE,
 )

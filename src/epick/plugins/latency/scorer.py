@@ -103,7 +103,6 @@ def bucket_scores(
 class LatencyScorer(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.METRICS | Reads.HISTORY
-    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,
@@ -214,4 +213,5 @@ SPEC = PluginSpec(
     LatencyScorerParameters,
     "predicted TTFT/TPOT headroom against the request's objectives (least latency without one)",
     requires=requires_latency,
+    worker_state="",
 )

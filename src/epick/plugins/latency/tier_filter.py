@@ -33,7 +33,6 @@ class TierFilterParameters(Parameters):
 class SLOHeadroomTierFilter(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HISTORY
-    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,
@@ -91,4 +90,5 @@ SPEC = PluginSpec(
     TierFilterParameters,
     "candidates predicted to meet the request's latency objectives (rarely, the others)",
     requires=requires_latency,
+    worker_state="",
 )

@@ -38,7 +38,6 @@ class ConcurrencyParameters(Parameters):
 class ConcurrencyDetector(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HISTORY  # the in-flight counts
-    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,
@@ -106,4 +105,5 @@ SPEC = PluginSpec(
     ConcurrencyParameters,
     "saturation and a filter from requests/tokens in flight",
     requires=_requires,
+    worker_state="",
 )

@@ -73,7 +73,6 @@ class MMEmbeddingsCacheParameters(Parameters):
 class MMEmbeddingsCacheProducer(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.PROMPT | Reads.BODY | Reads.HISTORY
-    worker_state = "which media each endpoint was sent"
 
     def __init__(self, name: str | None = None, cache_size_mb: int = DEFAULT_CACHE_MB) -> None:
         super().__init__(name)
@@ -126,5 +125,9 @@ def _factory(name: str, params: MMEmbeddingsCacheParameters, handle: Handle) -> 
 
 
 SPEC = PluginSpec(
-    TYPE, _factory, MMEmbeddingsCacheParameters, "which endpoints already encoded the request's media"
+    TYPE,
+    _factory,
+    MMEmbeddingsCacheParameters,
+    "which endpoints already encoded the request's media",
+    worker_state="which media each endpoint was sent",
 )

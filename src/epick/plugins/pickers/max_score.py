@@ -36,7 +36,6 @@ TYPE = "max-score-picker"
 class MaxScorePicker(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HISTORY  # scores, and a random tie-break
-    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,
@@ -91,4 +90,6 @@ def _factory(name: str, params: PickerParameters, handle: Handle) -> MaxScorePic
     return MaxScorePicker(name, params.max_num_of_endpoints, handle.rng(name), workers=handle.workers)
 
 
-SPEC = PluginSpec(TYPE, _factory, PickerParameters, "highest weighted total wins, random tie-break")
+SPEC = PluginSpec(
+    TYPE, _factory, PickerParameters, "highest weighted total wins, random tie-break", worker_state=""
+)

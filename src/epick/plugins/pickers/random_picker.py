@@ -23,7 +23,6 @@ TYPE = "random-picker"
 class RandomPicker(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HISTORY  # a random draw
-    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self, name: str | None = None, max_num_of_endpoints: int = 1, rng: random.Random | None = None
@@ -45,4 +44,4 @@ def _factory(name: str, params: PickerParameters, handle: Handle) -> RandomPicke
     return RandomPicker(name, params.max_num_of_endpoints, handle.rng(name))
 
 
-SPEC = PluginSpec(TYPE, _factory, PickerParameters, "uniformly random, scores ignored")
+SPEC = PluginSpec(TYPE, _factory, PickerParameters, "uniformly random, scores ignored", worker_state="")

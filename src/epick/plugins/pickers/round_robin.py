@@ -28,7 +28,6 @@ TYPE = "round-robin-picker"
 class RoundRobinPicker(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HISTORY  # its turn
-    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(self, name: str | None = None, max_num_of_endpoints: int = 1) -> None:
         super().__init__(name)
@@ -59,4 +58,6 @@ def _factory(name: str, params: PickerParameters, handle: Handle) -> RoundRobinP
     return RoundRobinPicker(name, params.max_num_of_endpoints)
 
 
-SPEC = PluginSpec(TYPE, _factory, PickerParameters, "candidates in turn by name, scores ignored")
+SPEC = PluginSpec(
+    TYPE, _factory, PickerParameters, "candidates in turn by name, scores ignored", worker_state=""
+)

@@ -20,7 +20,6 @@ TYPE = "weighted-random-picker"
 class WeightedRandomPicker(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HISTORY  # scores, and a random draw
-    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self, name: str | None = None, max_num_of_endpoints: int = 1, rng: random.Random | None = None
@@ -46,4 +45,4 @@ def _factory(name: str, params: PickerParameters, handle: Handle) -> WeightedRan
     return WeightedRandomPicker(name, params.max_num_of_endpoints, handle.rng(name))
 
 
-SPEC = PluginSpec(TYPE, _factory, PickerParameters, "random, weighted by total (A-Res)")
+SPEC = PluginSpec(TYPE, _factory, PickerParameters, "random, weighted by total (A-Res)", worker_state="")

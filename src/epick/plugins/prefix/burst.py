@@ -96,7 +96,6 @@ class _Waiting:
 class BurstPrefixCacheProducer(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.PROMPT | Reads.MODEL | Reads.BODY | Reads.METRICS
-    worker_state = "its open batch of requests"
 
     def __init__(self, name: str | None = None, params: BurstParameters | None = None) -> None:
         super().__init__(name)
@@ -183,4 +182,10 @@ def _factory(name: str, params: BurstParameters, handle: Handle) -> BurstPrefixC
     return BurstPrefixCacheProducer(name, params)
 
 
-SPEC = PluginSpec(TYPE, _factory, BurstParameters, "a shared prompt arriving in a burst goes to one replica")
+SPEC = PluginSpec(
+    TYPE,
+    _factory,
+    BurstParameters,
+    "a shared prompt arriving in a burst goes to one replica",
+    worker_state="its open batch of requests",
+)

@@ -205,7 +205,6 @@ def endpoint_id(ep: Endpoint) -> str:
 class PrecisePrefixCacheProducer(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.TOKENS | Reads.MODEL | Reads.HISTORY
-    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,
@@ -227,8 +226,6 @@ class PrecisePrefixCacheProducer(NamedPlugin):
         self.key = match_key(self.name)
         self.speculative = params.speculative_indexing
         self.speculative_ttl = params.speculative_ttl
-        if self.speculative:  # the engines' events reach every worker; a guess only its own
-            self.worker_state = "its speculative entries"
         self.clock = clock
         self.enable_metrics = params.indexer_config.kv_block_index_config.enable_metrics
         self.lookups = 0  # lookups made (upstream's kv_cache_index_lookup_requests_total)
@@ -360,10 +357,17 @@ def _requires(params: PreciseParameters, api_version: str = "") -> tuple[str, ..
     return (TOKENS_TYPE,)  # upstream's default producer of the tokens it reads
 
 
+def speculative_state(params: PreciseParameters) -> str:
+    """What stays per worker: the engines' events reach every worker, a speculative guess only the
+    worker that made it."""
+    return "its speculative entries" if params.speculative_indexing else ""
+
+
 SPEC = PluginSpec(
     TYPE,
     _factory,
     PreciseParameters,
     "which candidates hold the prompt's blocks, from the engines' KV events",
     requires=_requires,
+    worker_state=speculative_state,
 )

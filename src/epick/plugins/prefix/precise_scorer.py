@@ -15,7 +15,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from epick.framework import CycleState, Endpoint, InferenceRequest, Plugin, Reads
-from epick.plugins.prefix.precise import TOKENS_TYPE, PreciseParameters, PrecisePrefixCacheProducer
+from epick.plugins.prefix.precise import (
+    TOKENS_TYPE,
+    PreciseParameters,
+    PrecisePrefixCacheProducer,
+    speculative_state,
+)
 from epick.plugins.prefix.precise import TYPE as PRODUCER_TYPE
 from epick.plugins.prefix.producer import match_key
 from epick.plugins.prefix.scorer import PrefixMatch
@@ -28,7 +33,6 @@ TYPE = "precise-prefix-cache-scorer"
 class PrecisePrefixCacheScorer(PrecisePrefixCacheProducer):
     plugin_type = TYPE
     reads = Reads.TOKENS | Reads.MODEL | Reads.HISTORY
-    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,
@@ -95,4 +99,5 @@ SPEC = PluginSpec(
     PreciseParameters,
     "prompt blocks the candidate holds, from the engines' KV events (deprecated upstream)",
     requires=_requires,
+    worker_state=speculative_state,
 )

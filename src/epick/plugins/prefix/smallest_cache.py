@@ -30,7 +30,6 @@ class SmallestCacheParameters(Parameters):
 class SmallestCacheScorer(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HISTORY  # the prefix match and the index's contents
-    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(self, name: str | None = None, *, producer: str, index: PrefixIndex) -> None:
         super().__init__(name)
@@ -79,4 +78,5 @@ SPEC = PluginSpec(
     SmallestCacheParameters,
     "epick: cold requests to the endpoints whose approximate index holds the fewest blocks",
     requires=_requires,
+    worker_state="",
 )

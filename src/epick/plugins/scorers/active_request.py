@@ -35,7 +35,6 @@ class ActiveRequestParameters(Parameters):
 class ActiveRequestScorer(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HISTORY  # the in-flight counts
-    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,
@@ -81,4 +80,5 @@ SPEC = PluginSpec(
     ActiveRequestParameters,
     "fewer requests in flight (the in-flight producer's) scores higher",
     requires=_requires,
+    worker_state="",
 )

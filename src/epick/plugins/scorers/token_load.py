@@ -32,7 +32,6 @@ class TokenLoadParameters(Parameters):
 class TokenLoadScorer(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HISTORY | Reads.PROMPT_SIZE  # the in-flight counts, and this request's estimate
-    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,
@@ -68,5 +67,10 @@ def _requires(params: TokenLoadParameters, api_version: str = "") -> tuple[str, 
 
 
 SPEC = PluginSpec(
-    TYPE, _factory, TokenLoadParameters, "fewer prompt tokens in flight scores higher", requires=_requires
+    TYPE,
+    _factory,
+    TokenLoadParameters,
+    "fewer prompt tokens in flight scores higher",
+    requires=_requires,
+    worker_state="",
 )

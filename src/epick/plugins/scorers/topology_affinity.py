@@ -40,7 +40,6 @@ class TopologyAffinityScorerParameters(Parameters):
 class TopologyAffinityScorer(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HISTORY  # the peer an earlier stage of this request chose (cycle state)
-    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(self, name: str | None = None, producer_name: str = "") -> None:
         super().__init__(name)
@@ -65,4 +64,5 @@ SPEC = PluginSpec(
     _factory,
     TopologyAffinityScorerParameters,
     "host 1, rack 0.2, zone 0.05, region 0.02, else 0: the tier shared with the peer stage's endpoint",
+    worker_state="",
 )

@@ -369,7 +369,6 @@ def pick_revision(shares: Mapping[str, float], draw: float) -> str:
 class DisaggregatedSetRolloutScreener(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HEADERS | Reads.HISTORY  # and the candidates' labels; a random draw
-    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,
@@ -563,4 +562,5 @@ SPEC = PluginSpec(
     _factory,
     RolloutScreenerParameters,
     "keep a request on one covered DisaggregatedSet revision, drawn by share; strict header selectors",
+    worker_state="",
 )

@@ -189,7 +189,6 @@ def _settings(p: SessionAffinityParameters) -> _Settings:
 class SessionAffinityFilter(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.HEADERS | Reads.HISTORY  # the session's header or producer data, and its binding
-    worker_state = ""  # nothing of its own to share between workers
 
     def __init__(
         self,
@@ -202,8 +201,6 @@ class SessionAffinityFilter(NamedPlugin):
         settings = _settings(self.params)
         self.strategy = self.params.strategy
         self.profile_name = self.params.profile_name
-        if self.strategy == "session_id":
-            self.worker_state = "its session bindings"
         self.header = settings.header
         self.sources = settings.sources
         self.ttl = settings.ttl
@@ -310,6 +307,11 @@ class SessionAffinityFilter(NamedPlugin):
         self._pending.pop(request.request_id, None)
 
 
+def session_state(params: SessionAffinityParameters) -> str:
+    """What stays per worker: session ids bound to endpoints (a header-carried session shares)."""
+    return "its session bindings" if params.strategy == "session_id" else ""
+
+
 def _factory(name: str, params: SessionAffinityParameters, handle: Handle) -> SessionAffinityFilter:
     return SessionAffinityFilter(name, params)
 
@@ -319,6 +321,7 @@ SPEC = PluginSpec(
     _factory,
     SessionAffinityParameters,
     "only the endpoint a session is pinned to, when it is a candidate",
+    worker_state=session_state,
 )
 
 MULTICLUSTER_TYPE = "multicluster-session-affinity-filter"
@@ -343,4 +346,5 @@ MULTICLUSTER_SPEC = PluginSpec(
     _multicluster,
     SessionAffinityParameters,
     "session-affinity-filter over peer clusters",
+    worker_state=session_state,
 )

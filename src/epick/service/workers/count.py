@@ -5,9 +5,9 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Mapping
 from pathlib import Path
 
+from epick.config import LoadedConfig
 from epick.framework.replication import unshared_state
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -33,27 +33,26 @@ def cores_available(cgroup: Path = CGROUP_ROOT) -> int:
     return max(1, cores)
 
 
-def default_workers(cores: int, plugins: Mapping[str, object], *, flow_control: bool,
-                    grpc_ports_fixed: bool) -> tuple[int, str]:  # fmt: skip
+def default_workers(cores: int, config: LoadedConfig, *, grpc_ports_fixed: bool) -> tuple[int, str]:
     """How many workers `epick serve` runs when `--workers` is not given, and why: one per core,
     unless something would be lost by splitting the service (then one, saying what)."""
     if cores <= 1:
         return 1, "one core is available"
-    if flow_control:
+    if config.flow_control is not None:
         return 1, "flow control's queues are one process's"
     if not grpc_ports_fixed:
         return 1, "ext_proc's gRPC ports are chosen by the kernel (0), and workers share fixed ones"
-    unshared = unshared_plugins(plugins)
+    unshared = unshared_plugins(config)
     if unshared:
         return 1, "these plugins would keep their state per worker: " + "; ".join(unshared)
     return cores, f"{cores} cores are available"
 
 
-def unshared_plugins(plugins: Mapping[str, object]) -> list[str]:
+def unshared_plugins(config: LoadedConfig) -> list[str]:
     """The plugins whose state from earlier requests stays per worker, each as "name (type): what"."""
     found = []
-    for name, plugin in plugins.items():
-        state = unshared_state(plugin)
+    for name, plugin in config.plugins.items():
+        state = unshared_state(plugin, config.worker_states.get(name))
         if state:
-            found.append(f"{name} ({plugin.typed_name.type}): {state}")  # type: ignore[attr-defined]
+            found.append(f"{name} ({plugin.typed_name.type}): {state}")
     return found

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgpack
 
+from epick.config import LoadedConfig
 from epick.framework.replication import Replicated
 from epick.service.workers.count import unshared_plugins
 from epick.service.workers.frames import HEAD, frame
@@ -31,12 +32,12 @@ class WorkerLink:
         self,
         hub_path: str,
         index: int,
-        plugins: Any,
+        config: Callable[[], LoadedConfig],
         shared: Mapping[str, Replicated] | None = None,
     ) -> None:
         self.hub_path = hub_path
         self.index = index
-        self.plugins = plugins  # () -> Mapping[str, Plugin]: the running config's plugins
+        self.config = config  # the running config (replaced on reload)
         self.shared = dict(shared or {})  # replicated state outside the config (endpoint metrics)
         self._sock: socket.socket | None = None
         self._in = bytearray()
@@ -90,11 +91,12 @@ class WorkerLink:
         """(Again, after a config reload) hand every replicated plugin its publisher. (Plugins that
         choose at random between equals learned the worker count from their factory's handle.)"""
         self._replicated = {}
-        for name, plugin in [*self.shared.items(), *self.plugins().items()]:
+        config = self.config()
+        for name, plugin in [*self.shared.items(), *config.plugins.items()]:
             if isinstance(plugin, Replicated) and name not in self._replicated:
                 plugin.replicate(self._publisher(name), self.index)
                 self._replicated[name] = plugin
-        unshared = unshared_plugins(self.plugins())
+        unshared = unshared_plugins(config)
         if unshared and self.index == 0:
             log.warning("with --workers, each worker keeps its own: %s", "; ".join(unshared))
 

@@ -58,7 +58,7 @@ async def run_worker(settings: Settings, role: Role) -> None:
     link = WorkerLink(
         role.hub,
         role.index,
-        lambda: service.director.config.plugins,
+        lambda: service.director.config,
         shared={SHARED_METRICS: SharedMetrics(service.datastore, service.scrapers)},
     )
     await link.connect()  # the shared state first: then serve
