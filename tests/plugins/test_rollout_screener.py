@@ -15,6 +15,7 @@ import pytest
 
 from epick.config import ConfigError, load_config_text
 from epick.framework import Clock, CycleState, Endpoint, Plugin, Response
+from epick.framework.labels import SelectorError, parse_label_selector
 from epick.plugins import in_tree_registry
 from epick.plugins.registry import Registry
 from epick.plugins.screeners.disaggregatedset_rollout import (
@@ -24,8 +25,6 @@ from epick.plugins.screeners.disaggregatedset_rollout import (
     SPEC,
     SUM,
     DisaggregatedSetRolloutScreener,
-    SelectorError,
-    parse_label_selector,
     pick_revision,
     shares_of,
 )

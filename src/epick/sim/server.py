@@ -40,11 +40,11 @@ from epick.sim.openai_api import (
     chat_prompt,
     completion_prompt,
     finish_reason,
-    flag,
     read_json,
     usage,
 )
 from epick.sim.options import ServerOptions
+from epick.sim.tokenize_api import detokenized, tokenized
 
 IDENTITY_HEADER = "x-epick-sim-server"
 # How often a request held by a latency spike looks whether its client has gone (wall seconds).
@@ -280,48 +280,24 @@ class SimServer:
             raise errors.model_not_found(model)
 
     async def _tokenize(self, request: web.Request) -> web.Response:
-        """POST /tokenize: {prompt, add_special_tokens=true} or {messages, add_generation_prompt,
-        continue_final_message, add_special_tokens=false, tools, chat_template_kwargs}, as vLLM."""
+        """POST /tokenize, as vLLM (`epick.sim.tokenize_api.tokenized`)."""
         try:
             body = await read_json(request)
             self._check_optional_model(body)
-            strings = flag(body, "return_token_strs", False)
-            if "messages" in body:
-                tokens = chat_prompt(body, self.tokenizer)
-            elif "prompt" in body:
-                prompt = body["prompt"]
-                if not isinstance(prompt, str):
-                    raise errors.bad_request("'prompt' must be a string", "prompt")
-                tokens = self.tokenizer.encode(
-                    prompt, add_special_tokens=flag(body, "add_special_tokens", True)
-                )
-            else:
-                raise errors.bad_request("either 'prompt' or 'messages' is required")
+            answer = tokenized(body, self.tokenizer, self.options.engine.max_model_len)
         except APIError as e:
             raise errors.with_status_code(e) from None
-        return web.json_response(
-            {
-                "count": len(tokens),
-                "max_model_len": self.options.engine.max_model_len,
-                "tokens": tokens,
-                "token_strs": self.tokenizer.token_strings(tokens) if strings else None,
-            }
-        )
+        return web.json_response(answer)
 
     async def _detokenize(self, request: web.Request) -> web.Response:
-        """POST /detokenize: {tokens} -> {prompt}, special tokens kept (vLLM decodes them)."""
+        """POST /detokenize, as vLLM (`epick.sim.tokenize_api.detokenized`)."""
         try:
             body = await read_json(request)
             self._check_optional_model(body)
-            tokens = body.get("tokens")
-            if not isinstance(tokens, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens
-            ):
-                raise errors.bad_request("'tokens' must be a list of non-negative integers", "tokens")
-            self.tokenizer.check_ids(tokens, "tokens")
+            answer = detokenized(body, self.tokenizer)
         except APIError as e:
             raise errors.with_status_code(e) from None
-        return web.json_response({"prompt": self.tokenizer.decode(tokens, skip_special_tokens=False)})
+        return web.json_response(answer)
 
     # Inference.
     async def _completions(self, request: web.Request) -> web.StreamResponse:

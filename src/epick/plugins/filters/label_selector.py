@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads
+from epick.framework.labels import from_structured
 from epick.plugins.registry import Handle, Parameters, PluginSpec
 
 TYPE = "label-selector-filter"
@@ -32,16 +33,6 @@ class LabelSelectorRequirement(Parameters):
             raise ValueError(f"operator {self.operator} takes no 'values'")
         return self
 
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        present = self.key in labels
-        if self.operator == "In":
-            return present and labels[self.key] in self.values
-        if self.operator == "NotIn":
-            return not present or labels[self.key] not in self.values
-        if self.operator == "Exists":
-            return present
-        return not present
-
 
 class LabelSelectorParameters(Parameters):
     match_labels: dict[str, str] = Field(default_factory=dict)
@@ -55,12 +46,13 @@ class LabelSelectorFilter(NamedPlugin):
     def __init__(self, name: str | None = None, selector: LabelSelectorParameters | None = None) -> None:
         super().__init__(name)
         self.selector = selector or LabelSelectorParameters()
+        self._selector = from_structured(
+            self.selector.match_labels,
+            [r.model_dump() for r in self.selector.match_expressions],
+        )
 
     def matches(self, labels: Mapping[str, str]) -> bool:
-        sel = self.selector
-        return all(labels.get(k) == v for k, v in sel.match_labels.items()) and all(
-            r.matches(labels) for r in sel.match_expressions
-        )
+        return self._selector.matches(labels)
 
     def filter(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]

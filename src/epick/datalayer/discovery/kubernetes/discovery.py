@@ -22,7 +22,6 @@ from epick.datalayer.discovery.kubernetes.pool import (
     _check_ports,
     _describe_target,
     _parse_pool,
-    _selector_string,
     _Target,
     _where,
     endpoints_of,
@@ -36,6 +35,7 @@ from epick.datalayer.discovery.kubernetes.rewrites import (
     rewrite_watch,
 )
 from epick.datalayer.discovery.static import DiscoveryError
+from epick.framework.labels import SelectorError, from_structured
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class KubernetesDiscovery:
         else:
             assert selector is not None
             where = "Kubernetes discovery: the label selector"
-            text = _selector_string(selector, where) if isinstance(selector, Mapping) else selector.strip()
+            text = _selector_text(selector, where)
             if not text:
                 raise DiscoveryError(f"{where} is empty (it would select every pod in {namespace!r})")
             ports = DEFAULT_TARGET_PORTS if target_ports is None else tuple(target_ports)
@@ -362,3 +362,13 @@ async def _cancel(task: asyncio.Task[None] | None) -> None:
     await asyncio.wait([task])
     if not task.cancelled() and task.exception() is not None:
         log.error("Kubernetes discovery task failed", exc_info=task.exception())
+
+
+def _selector_text(selector: Mapping[str, str] | str, where: str) -> str:
+    """A selector given as a label map (every label equal) or in the string form, as a string."""
+    if not isinstance(selector, Mapping):
+        return selector.strip()
+    try:
+        return from_structured(selector).render()
+    except SelectorError as e:
+        raise DiscoveryError(f"{where}: {e}") from None

@@ -5,13 +5,14 @@ v1alpha2 shape, or a label selector given directly), and a Ready pod's endpoints
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from epick.datalayer.datastore import EndpointSpec
 from epick.datalayer.discovery.kubernetes.api import Json, _metadata
 from epick.datalayer.discovery.static import DiscoveryError
+from epick.framework.labels import SelectorError, from_structured
 
 POOL_PLURAL = "inferencepools"
 POOL_API_VERSIONS = (("inference.networking.k8s.io", "v1"), ("inference.networking.x-k8s.io", "v1alpha2"))
@@ -77,29 +78,6 @@ def _check_ports(ports: Sequence[Any], where: str) -> tuple[int, ...]:
     return tuple(ports)
 
 
-def _selector_string(match_labels: Mapping[Any, Any], where: str) -> str:
-    for k, v in match_labels.items():
-        if not isinstance(k, str) or not k or not isinstance(v, str):
-            raise DiscoveryError(f"{where}: matchLabels must map label names to strings, got {k!r}: {v!r}")
-    return ",".join(f"{k}={v}" for k, v in sorted(match_labels.items()))
-
-
-def _expression(expr: Any, where: str) -> str:
-    if not isinstance(expr, dict) or not isinstance(expr.get("key"), str):
-        raise DiscoveryError(f"{where}: a matchExpressions entry needs a key")
-    key: str = expr["key"]
-    op, values = expr.get("operator"), expr.get("values") or []
-    if op in ("In", "NotIn"):
-        if not values or not all(isinstance(v, str) for v in values):
-            raise DiscoveryError(f"{where}: matchExpressions {key!r} {op} needs values")
-        return f"{key} {op.lower()} ({','.join(values)})"
-    if op == "Exists":
-        return key
-    if op == "DoesNotExist":
-        return f"!{key}"
-    raise DiscoveryError(f"{where}: matchExpressions {key!r} has an unknown operator {op!r}")
-
-
 def _parse_pool(pool: Json, where: str) -> _Target:
     """The selector and ports of an InferencePool, v1 or v1alpha2 shape."""
     spec = pool.get("spec")
@@ -108,12 +86,15 @@ def _parse_pool(pool: Json, where: str) -> _Target:
     selector = spec.get("selector")
     if not isinstance(selector, dict):
         raise DiscoveryError(f"{where}: spec.selector is missing")
-    if isinstance(selector.get("matchLabels"), dict) or "matchExpressions" in selector:  # v1
-        parts = [_selector_string(selector.get("matchLabels") or {}, f"{where}: spec.selector")]
-        parts += [_expression(e, f"{where}: spec.selector") for e in selector.get("matchExpressions") or []]
-        text = ",".join(p for p in parts if p)
-    else:  # v1alpha2: a flat map
-        text = _selector_string(selector, f"{where}: spec.selector")
+    try:
+        if isinstance(selector.get("matchLabels"), dict) or "matchExpressions" in selector:  # v1
+            expressions = selector.get("matchExpressions") or []
+            parsed = from_structured(selector.get("matchLabels") or {}, expressions)
+        else:  # v1alpha2: a flat map
+            parsed = from_structured(selector)
+    except SelectorError as e:
+        raise DiscoveryError(f"{where}: spec.selector: {e}") from None
+    text = parsed.render()
     if not text:
         raise DiscoveryError(f"{where}: spec.selector is empty (it would select every pod in the namespace)")
     if "targetPorts" in spec:
