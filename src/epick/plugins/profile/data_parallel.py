@@ -21,13 +21,12 @@ from epick.framework import (
     CycleState,
     Endpoint,
     InferenceRequest,
-    NamedPlugin,
     ProfileLike,
     ProfileRunResult,
-    Reads,
     SchedulingError,
     SchedulingResult,
 )
+from epick.plugins.profile.one_round import OneRoundHandler
 from epick.plugins.registry import Handle, Parameters, PluginSpec
 
 TYPE = "data-parallel-profile-handler"
@@ -42,23 +41,14 @@ def on_port(endpoint: Endpoint, port: int) -> Endpoint:
     return dataclasses.replace(endpoint, port=port)
 
 
-class DataParallelProfileHandler(NamedPlugin):
+class DataParallelProfileHandler(OneRoundHandler):
     plugin_type = TYPE
-    reads = Reads.NOTHING
 
     def __init__(self, name: str | None = None, primary_port: int = 8000) -> None:
         super().__init__(name)
         self.primary_port = primary_port
 
-    def pick_profiles(
-        self,
-        request: InferenceRequest,
-        cycle_state: CycleState,
-        profiles: Mapping[str, ProfileLike],
-        results: Mapping[str, ProfileRunResult | None],
-    ) -> list[str]:
-        if results:
-            return []
+    def first_round(self, request: InferenceRequest, profiles: Mapping[str, ProfileLike]) -> list[str]:
         if len(profiles) != 1:
             raise SchedulingError(
                 f"{TYPE} requires exactly one scheduling profile, the config has {len(profiles)}"

@@ -14,13 +14,13 @@ from collections.abc import Mapping
 from epick.framework import (
     CycleState,
     InferenceRequest,
-    NamedPlugin,
     ProfileLike,
     ProfileRunResult,
     Reads,
     SchedulingError,
     SchedulingResult,
 )
+from epick.plugins.profile.one_round import OneRoundHandler
 from epick.plugins.registry import Handle, Parameters, PluginSpec
 
 TYPE = "header-profile-handler"
@@ -31,7 +31,7 @@ class HeaderProfileParameters(Parameters):
     default_profile: str = "decode"
 
 
-class HeaderProfileHandler(NamedPlugin):
+class HeaderProfileHandler(OneRoundHandler):
     plugin_type = TYPE
     reads = Reads.HEADERS
 
@@ -42,15 +42,7 @@ class HeaderProfileHandler(NamedPlugin):
         self.header_name = header_name.strip().lower()
         self.default_profile = default_profile.strip()
 
-    def pick_profiles(
-        self,
-        request: InferenceRequest,
-        cycle_state: CycleState,
-        profiles: Mapping[str, ProfileLike],
-        results: Mapping[str, ProfileRunResult | None],
-    ) -> list[str]:
-        if results:
-            return []
+    def first_round(self, request: InferenceRequest, profiles: Mapping[str, ProfileLike]) -> list[str]:
         if len(profiles) == 1:
             return list(profiles)
         given = request.headers.get(self.header_name, "").strip()

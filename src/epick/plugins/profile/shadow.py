@@ -14,13 +14,12 @@ from collections.abc import Mapping
 from epick.framework import (
     CycleState,
     InferenceRequest,
-    NamedPlugin,
     ProfileLike,
     ProfileRunResult,
-    Reads,
     SchedulingError,
     SchedulingResult,
 )
+from epick.plugins.profile.one_round import OneRoundHandler
 from epick.plugins.registry import Handle, Parameters, PluginSpec
 
 TYPE = "shadow-profile-handler"
@@ -32,9 +31,8 @@ class ShadowParameters(Parameters):
     shadow_profiles: list[str] | None = None
 
 
-class ShadowProfileHandler(NamedPlugin):
+class ShadowProfileHandler(OneRoundHandler):
     plugin_type = TYPE
-    reads = Reads.NOTHING
 
     def __init__(self, name: str | None = None, primary: str = "default", shadows: list[str] | None = None):
         super().__init__(name)
@@ -47,15 +45,7 @@ class ShadowProfileHandler(NamedPlugin):
             need[f"shadowProfiles[{i}]"] = s
         return need
 
-    def pick_profiles(
-        self,
-        request: InferenceRequest,
-        cycle_state: CycleState,
-        profiles: Mapping[str, ProfileLike],
-        results: Mapping[str, ProfileRunResult | None],
-    ) -> list[str]:
-        if results:
-            return []
+    def first_round(self, request: InferenceRequest, profiles: Mapping[str, ProfileLike]) -> list[str]:
         shadows = self.shadows if self.shadows is not None else list(profiles)
         # The primary runs once, first; a shadow listed twice runs once.
         return list(dict.fromkeys([self.primary, *shadows]))

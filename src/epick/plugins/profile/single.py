@@ -7,33 +7,23 @@ from collections.abc import Mapping
 from epick.framework import (
     CycleState,
     InferenceRequest,
-    NamedPlugin,
     ProfileLike,
     ProfileRunResult,
-    Reads,
     SchedulingError,
     SchedulingResult,
 )
+from epick.plugins.profile.one_round import OneRoundHandler
 from epick.plugins.registry import Handle, NoParameters, PluginSpec
 
 TYPE = "single-profile-handler"
 
 
-class SingleProfileHandler(NamedPlugin):
+class SingleProfileHandler(OneRoundHandler):
     """Needs exactly one profile (the config loader enforces it)."""
 
     plugin_type = TYPE
-    reads = Reads.NOTHING
 
-    def pick_profiles(
-        self,
-        request: InferenceRequest,
-        cycle_state: CycleState,
-        profiles: Mapping[str, ProfileLike],
-        results: Mapping[str, ProfileRunResult | None],
-    ) -> list[str]:
-        if results:
-            return []
+    def first_round(self, request: InferenceRequest, profiles: Mapping[str, ProfileLike]) -> list[str]:
         return list(profiles)[:1]
 
     def process_results(
