@@ -24,7 +24,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from epick.cli.simulate import CONFIG_POLICIES
+from epick.cli.simulate_policies import CONFIG_POLICIES
 from epick.config import LoadedConfig, load_config_file, load_config_text, load_default_config
 from epick.framework import CycleState, Endpoint, InferenceRequest, Metrics, Snapshot
 from epick.plugins.latency.predictor import Features

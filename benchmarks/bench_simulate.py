@@ -29,7 +29,7 @@ from types import SimpleNamespace
 from rich.console import Console
 from rich.table import Table
 
-from epick.cli.simulate import CONFIG_POLICIES
+from epick.cli.simulate_policies import CONFIG_POLICIES
 from epick.config import LoadedConfig, load_config_text, load_default_config
 from epick.sim.engine import EngineConfig, SimRequest
 from epick.sim.engine.timed import EngineMetrics

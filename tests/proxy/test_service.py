@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from epick.cli.simulate import CONFIG_POLICIES
+from epick.cli.simulate_policies import CONFIG_POLICIES
 from epick.config.defaults import DEFAULT_CONFIG_YAML
 from epick.datalayer.datastore import EndpointSpec
 from epick.plugins.prefix.scorer import PrefixCacheScorer

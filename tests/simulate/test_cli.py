@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from epick.cli.main import main
-from epick.cli.simulate import CONFIG_POLICIES
+from epick.cli.simulate_policies import CONFIG_POLICIES
 
 CONFIGS = Path(__file__).resolve().parents[2] / "config"
 SMALL = [

@@ -10,92 +10,24 @@ import math
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from epick.config import ConfigError, load_config, load_config_file, load_config_text
+from epick.cli.simulate_policies import PolicyFactory, UsageError, policy_factories, policy_names
+from epick.cli.simulate_report import finite, plot, print_failures, print_table
+from epick.config import ConfigError
 from epick.plugins.duration import parse_duration
+from epick.sim.engine import EngineConfig
 from epick.sim.engine.profiles import DEFAULT_PROFILE, PROFILES
 from epick.sim.options import ServerOptions
-from epick.simulate.epick_policy import EpickPolicy
 from epick.simulate.fleet import Arrivals, ClosedLoop, Fleet, Poisson
 from epick.simulate.report import SLO, summarize
-from epick.simulate.types import Churn, Policy
+from epick.simulate.types import Churn, SimRequestSpec
 from epick.simulate.workloads import WORKLOADS, Trace, Workload, WorkloadError, build_workload
-
-# Policies that are epick configs (the same files ship under config/; a test keeps them equal).
-CONFIG_POLICIES = {
-    "round-robin": """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: round-robin-picker
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: round-robin-picker
-""",
-    "random": """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: random-picker
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: random-picker
-""",
-    "load-only": """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
-- type: max-score-picker
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: queue-scorer
-    weight: 1
-  - pluginRef: kv-cache-utilization-scorer
-    weight: 1
-  - pluginRef: max-score-picker
-""",
-    # llm-d's precise prefix-cache routing (llm-d/llm-d-router deploy/config/epp-precise-prefix-cache-
-    # config.yaml): the index fed by the simulated engines' KV events, weights 2/1/1.
-    "precise-prefix": """\
-apiVersion: llm-d.ai/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: token-producer
-- type: precise-prefix-cache-producer
-  parameters:
-    tokenProcessorConfig:
-      blockSize: 64
-- type: prefix-cache-scorer
-  parameters:
-    prefixMatchInfoProducerName: precise-prefix-cache-producer
-- type: kv-cache-utilization-scorer
-- type: queue-scorer
-- type: max-score-picker
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: prefix-cache-scorer
-    weight: 2.0
-  - pluginRef: kv-cache-utilization-scorer
-    weight: 1.0
-  - pluginRef: queue-scorer
-    weight: 1.0
-  - pluginRef: max-score-picker
-""",
-}
-PolicyFactory = Callable[[int], Policy]
 
 
 def _number(kind: Callable[[str], float], minimum: float, what: str) -> Callable[[str], Any]:
@@ -158,76 +90,6 @@ class _InOrder(argparse.Action):
         setattr(namespace, self.dest, [*getattr(namespace, self.dest), (kind, values)])  # a new list
 
 
-class UsageError(Exception):
-    """A bad command line that argparse cannot see by itself; exit status 2."""
-
-
-def policy_factories(args: argparse.Namespace) -> list[tuple[str, PolicyFactory]]:
-    """(name, factory(seed)) for every --policy and --config, in the order given. A config's name is
-    its file name without extension; when two would share a name, the later one is named by its path
-    (without extension), and by a #2, #3… suffix after that."""
-    from epick.simulate.policies import POLICIES
-
-    out: list[tuple[str, PolicyFactory]] = []
-    taken: set[str] = set()
-    for kind, value in args.policies:
-        if kind == "policy":
-            name = value
-            if name == "default":
-                factory = _file_policy(None, name)
-            elif name in CONFIG_POLICIES:
-                factory = _config_policy(name, CONFIG_POLICIES[name])
-            elif name in POLICIES:
-                factory = _baseline_policy(POLICIES[name])
-            else:
-                raise UsageError(f"unknown --policy {name!r}; choose from {', '.join(_policy_names())}")
-        else:
-            load_config_file(value)  # fail early, with the file's errors
-            path = Path(value)
-            name = path.stem
-            if name in taken:
-                name = str(path.with_suffix(""))
-            factory = _file_policy(value, name)
-        unique, k = name, 1
-        while unique in taken:
-            k += 1
-            unique = f"{name}#{k}"
-        taken.add(unique)
-        out.append((unique, factory))
-    if not out:
-        raise UsageError("give at least one --policy or --config")
-    return out
-
-
-def _policy_names() -> list[str]:
-    from epick.simulate.policies import POLICIES
-
-    return ["default", *CONFIG_POLICIES, *POLICIES]
-
-
-def _config_policy(name: str, text: str) -> PolicyFactory:
-    def build(seed: int) -> Policy:
-        return EpickPolicy(name, load_config_text(text, source=name, seed=seed))
-
-    return build
-
-
-def _file_policy(path: str | None, name: str) -> PolicyFactory:
-    """The config file at `path`, or the default config when `path` is None."""
-
-    def build(seed: int) -> Policy:
-        return EpickPolicy(name, load_config(path, seed=seed))
-
-    return build
-
-
-def _baseline_policy(factory: Callable[[random.Random], Policy]) -> PolicyFactory:
-    def build(seed: int) -> Policy:
-        return factory(random.Random(seed))
-
-    return build
-
-
 def parse_params(values: list[str]) -> dict[str, str]:
     params: dict[str, str] = {}
     for item in values:
@@ -280,7 +142,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="NAME",
         action=_InOrder,
         default=[],
-        help=f"a named policy: {', '.join(_policy_names())} (repeatable; rows keep the order given)",
+        help=f"a named policy: {', '.join(policy_names())} (repeatable; rows keep the order given)",
     )
     p.add_argument(
         "--config",
@@ -400,6 +262,51 @@ def run(args: argparse.Namespace) -> int:
         for issue in e.issues:
             print(issue.render(e.source), file=sys.stderr)
         return 2
+    setup = _setup(args, workload)
+    runs: list[dict[str, Any]] = []
+    columns = (TextColumn("{task.description:>28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=False) as progress:
+        for arrivals in loads(args):
+            for name, factory in policies:
+                try:
+                    runs.append(
+                        _run_one(
+                            args, workload, setup, arrivals, name=name, factory=factory, progress=progress
+                        )
+                    )
+                except WorkloadError as e:  # a trace is read as it runs: a bad line stops the run
+                    progress.stop()
+                    print(f"epick simulate: {e} (no results written)", file=sys.stderr)
+                    return 2
+                except _NoRequestsError:
+                    progress.stop()
+                    print(f"epick simulate: the {args.workload} workload has no requests", file=sys.stderr)
+                    return 2
+    print_table(runs)
+    print_failures(runs)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"runs": finite(runs)}, indent=2))
+    if args.plot:
+        plot(runs, args.plot)
+    return 0
+
+
+class _NoRequestsError(Exception):
+    """A run's workload gave no request."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Setup:
+    """What every run of one invocation shares: the fleet's engines, roles, churn and SLO."""
+
+    engine: EngineConfig
+    roles: Sequence[str | None] | None
+    slo: SLO
+    churn: Churn | None
+    lora_ids: dict[str, int]
+
+
+def _setup(args: argparse.Namespace, workload: Workload) -> _Setup:
     roles: Sequence[str | None] | None = None
     if args.prefill_servers:
         roles = ["prefill"] * args.prefill_servers + ["decode"] * (args.servers - args.prefill_servers)
@@ -409,83 +316,58 @@ def run(args: argparse.Namespace) -> int:
         max_loras=args.max_loras,
         profile=args.engine_profile,
     )
-    engine = dataclasses.replace(engine, cache_output_blocks=workload.reuses_outputs)
-    slo = SLO(args.slo_ttft, args.slo_tpot)
-    churn = Churn(args.restart_every, args.restart_downtime) if args.restart_every is not None else None
-    console = Console(stderr=True)
-    runs: list[dict[str, Any]] = []
-    output_plan = workload.output_plan
-    lora_ids = {name: i + 1 for i, name in enumerate(workload.adapter_names)}
+    return _Setup(
+        engine=dataclasses.replace(engine, cache_output_blocks=workload.reuses_outputs),
+        roles=roles,
+        slo=SLO(args.slo_ttft, args.slo_tpot),
+        churn=Churn(args.restart_every, args.restart_downtime) if args.restart_every is not None else None,
+        lora_ids={name: i + 1 for i, name in enumerate(workload.adapter_names)},
+    )
+
+
+def _run_one(
+    args: argparse.Namespace,
+    workload: Workload,
+    setup: _Setup,
+    arrivals: Arrivals,
+    *,
+    name: str,
+    factory: PolicyFactory,
+    progress: Progress,
+) -> dict[str, Any]:
+    """One policy at one load: the fleet run, summarized."""
     trace = isinstance(workload, Trace)
-    columns = (TextColumn("{task.description:>28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=False) as progress:
-        for arrivals in loads(args):
-            closed = isinstance(arrivals, ClosedLoop)
-            level = _level(arrivals, trace)
-            for name, factory in policies:
-                specs = workload.requests(random.Random(args.seed))
-                if args.requests is not None:
-                    specs = itertools.islice(specs, args.requests)
-                label = f"{name} @ {level:g}" if level is not None else f"{name} (trace)"
-                total = (
-                    workload.size
-                    if args.requests is None
-                    else min(args.requests, workload.size or args.requests)
-                )
-                task = progress.add_task(label, total=total)
-                fleet = Fleet(
-                    args.servers,
-                    engine,
-                    factory(args.seed),
-                    scrape_interval=args.scrape_interval,
-                    output_plan=output_plan,
-                    lora_ids=lora_ids,
-                    progress=_advance(progress, task),
-                    roles=roles,
-                    kv_event_delay=args.kv_event_delay,
-                    churn=churn,
-                )
-                started = time.perf_counter()
-                try:
-                    result = fleet.run(specs, arrivals, random.Random(args.seed + 1))
-                except WorkloadError as e:  # a trace is read as it runs: a bad line stops the run
-                    progress.stop()
-                    print(f"epick simulate: {e} (no results written)", file=sys.stderr)
-                    return 2
-                if not result.records:
-                    progress.stop()
-                    print(f"epick simulate: the {args.workload} workload has no requests", file=sys.stderr)
-                    return 2
-                summary = summarize(name, level, result, slo)
-                summary.update(
-                    wall_s=time.perf_counter() - started,
-                    load_kind="concurrency" if closed else ("trace" if trace else "qps"),
-                    engine_profile=args.engine_profile,
-                    num_gpu_blocks=engine.num_gpu_blocks,
-                )
-                runs.append(summary)
-    print_table(runs)
-    print_failures(runs)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"runs": _finite(runs)}, indent=2))
-    if args.plot:
-        plot(runs, args.plot)
-    return 0
-
-
-def print_failures(runs: list[dict[str, Any]]) -> None:
-    """Why requests failed, per run: the three most frequent reasons."""
-    for r in runs:
-        reasons = r.get("failure_reasons") or []
-        if not reasons:
-            continue
-        load = f" @ {r['qps']:g}" if r["qps"] is not None else ""
-        print(f"{r['policy']}{load}: {r['failed']} failed")
-        for reason in reasons[:3]:
-            print(f"  {reason['count']} × {reason['reason']}")
-        if len(reasons) > 3:
-            rest = sum(x["count"] for x in reasons[3:])
-            print(f"  … and {rest} more, for other reasons (--json has them all)")
+    level = _level(arrivals, trace)
+    specs: Iterable[SimRequestSpec] = workload.requests(random.Random(args.seed))
+    if args.requests is not None:
+        specs = itertools.islice(specs, args.requests)
+    label = f"{name} @ {level:g}" if level is not None else f"{name} (trace)"
+    total = workload.size if args.requests is None else min(args.requests, workload.size or args.requests)
+    task = progress.add_task(label, total=total)
+    fleet = Fleet(
+        args.servers,
+        setup.engine,
+        factory(args.seed),
+        scrape_interval=args.scrape_interval,
+        output_plan=workload.output_plan,
+        lora_ids=setup.lora_ids,
+        progress=_advance(progress, task),
+        roles=setup.roles,
+        kv_event_delay=args.kv_event_delay,
+        churn=setup.churn,
+    )
+    started = time.perf_counter()
+    result = fleet.run(specs, arrivals, random.Random(args.seed + 1))
+    if not result.records:
+        raise _NoRequestsError
+    summary = summarize(name, level, result, setup.slo)
+    summary.update(
+        wall_s=time.perf_counter() - started,
+        load_kind="concurrency" if isinstance(arrivals, ClosedLoop) else ("trace" if trace else "qps"),
+        engine_profile=args.engine_profile,
+        num_gpu_blocks=setup.engine.num_gpu_blocks,
+    )
+    return summary
 
 
 def _level(arrivals: Arrivals, trace: bool) -> float | None:
@@ -501,69 +383,3 @@ def _advance(progress: Progress, task: TaskID) -> Callable[[], None]:
         progress.advance(task)
 
     return advance
-
-
-def _finite(value: Any) -> Any:
-    """NaN (a percentile of nothing) becomes null: JSON has no NaN."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
-
-
-def print_table(runs: list[dict[str, Any]]) -> None:
-    table = Table(title="epick simulate (virtual time; latencies in seconds)")
-    columns = ["policy", "load", "TTFT p50", "p90", "p99", "TPOT p50", "p99", "e2e p50", "out tok/s", "req/s"]
-    columns += ["hit rate", "load CoV", "goodput/s", "done", "failed"]
-    for col in columns:
-        table.add_column(col, justify="right")
-    for r in runs:
-        table.add_row(
-            r["policy"],
-            f"{r['qps']:g}" if r["qps"] is not None else "trace",
-            *(f"{r['ttft_s'][k]:.3f}" for k in ("p50", "p90", "p99")),
-            *(f"{r['tpot_s'][k]:.4f}" for k in ("p50", "p99")),
-            f"{r['e2e_s']['p50']:.2f}",
-            f"{r['output_tokens_per_s']:,.0f}",
-            f"{r['requests_per_s']:.2f}",
-            f"{r['prefix_cache_hit_rate']:.1%}",
-            f"{r['load_cov']:.2f}",
-            f"{r['goodput']:.2f}",
-            str(r["completed"]),
-            str(r["failed"]),
-        )
-    Console(width=None if sys.stdout.isatty() else 200).print(table)
-
-
-_AXIS = {
-    "qps": "offered load (requests/s)",
-    "concurrency": "concurrency",
-    "trace": "(a trace: its own arrival times)",
-}
-
-
-def plot(runs: list[dict[str, Any]], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for name in dict.fromkeys(r["policy"] for r in runs):
-        mine = sorted((r for r in runs if r["policy"] == name), key=lambda r: r["qps"] or 0.0)
-        xs = [r["qps"] or 0.0 for r in mine]  # a trace's runs (no load level) at 0
-        ax1.plot(xs, [r["ttft_s"]["p90"] for r in mine], marker="o", label=name)
-        ax2.plot(xs, [r["output_tokens_per_s"] for r in mine], marker="o", label=name)
-    kind = runs[0].get("load_kind", "qps") if runs else "qps"
-    for ax, title in ((ax1, "TTFT p90 (s)"), (ax2, "output tokens/s")):
-        ax.set_xlabel(_AXIS.get(kind, kind))
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-    ax1.set_yscale("log")
-    ax2.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
