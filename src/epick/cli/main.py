@@ -141,17 +141,7 @@ def cmd_examples(args: argparse.Namespace) -> int:
     return status
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="epick", description="An inference-aware endpoint picker for LLM serving."
-    )
-    parser.add_argument("--version", action="version", version=f"epick {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    check = sub.add_parser("check-config", help="validate EndpointPickerConfig files")
-    check.add_argument("files", nargs="+", metavar="FILE")
-    check.set_defaults(func=cmd_check_config)
-
+def _add_explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ex = sub.add_parser("explain", help="show every step of one scheduling decision")
     ex.add_argument(
         "--config", metavar="FILE", help="EndpointPickerConfig (default: the built-in default config)"
@@ -179,6 +169,20 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--json", action="store_true", help="print one JSON object")
     ex.add_argument("--seed", type=int, default=0, help="seed for random tie-breaks and random pickers")
     ex.set_defaults(func=cmd_explain)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="epick", description="An inference-aware endpoint picker for LLM serving."
+    )
+    parser.add_argument("--version", action="version", version=f"epick {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    check = sub.add_parser("check-config", help="validate EndpointPickerConfig files")
+    check.add_argument("files", nargs="+", metavar="FILE")
+    check.set_defaults(func=cmd_check_config)
+
+    _add_explain(sub)
 
     kv = sub.add_parser("kv-events", help="record a vLLM engine's KV events (for epick explain --kv-events)")
     kv.add_argument("--endpoint", required=True, help="the engine's publisher, e.g. tcp://10.0.0.1:5557")

@@ -23,6 +23,15 @@ __all__ = ["add_parser", "run", "settings_from"]
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="run the endpoint picker as an OpenAI-compatible proxy")
+    _discovery_flags(p)
+    _front_end_flags(p)
+    _limit_flags(p)
+    _service_flags(p)
+    p.set_defaults(func=run)
+
+
+def _discovery_flags(p: argparse.ArgumentParser) -> None:
+    """The config, and where the endpoints come from."""
     p.add_argument("--config-file", help="EndpointPickerConfig (default: the built-in default config)")
     p.add_argument("--endpoints", help="static endpoints: host:port,host:port,...")
     p.add_argument("--endpoints-file", help="static endpoints with names and labels (YAML or JSON)")
@@ -41,6 +50,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--kubeconfig", help="Kubernetes: kubeconfig file (default: in-cluster, then ~/.kube/config)"
     )
+
+
+def _front_end_flags(p: argparse.ArgumentParser) -> None:
+    """The proxy and ext_proc: addresses, ports and TLS."""
     p.add_argument("--host", default="0.0.0.0", help="address every server of epick listens on")
     p.add_argument("--proxy-port", type=int, default=8080, help="the OpenAI-compatible proxy")
     p.add_argument("--no-proxy", action="store_true", help="do not run the proxy (a gateway uses ext_proc)")
@@ -71,6 +84,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--max-extproc-streams", type=int, default=10_000, help="open ext_proc streams (0: no limit)"
     )
+
+
+def _limit_flags(p: argparse.ArgumentParser) -> None:
+    """Scraping, /metrics, sizes, timeouts and outlier detection."""
     p.add_argument("--metrics-port", type=int, default=9090, help="epick's own /metrics (0: off)")
     p.add_argument("--refresh-metrics-interval", default="50ms", help="scrape interval per endpoint")
     p.add_argument(
@@ -108,6 +125,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--outlier-base-ejection", default="30s", help="first ejection; the n-th in a row lasts n times this"
     )
     p.add_argument("--outlier-max-ejection", default="300s", help="the longest ejection")
+
+
+def _service_flags(p: argparse.ArgumentParser) -> None:
+    """Objectives and rewrites, what is exposed and read, workers, draining and logging."""
     p.add_argument(
         "--objective",
         action="append",
@@ -158,7 +179,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="on SIGTERM: how long requests in flight may take to finish before connections close",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.set_defaults(func=run)
 
 
 def _discovery(args: argparse.Namespace) -> tuple[tuple[EndpointSpec, ...], KubernetesSettings | None]:

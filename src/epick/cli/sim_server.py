@@ -41,6 +41,13 @@ def _seconds(text: str) -> float:
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("sim-server", help="run simulated vLLM-compatible model servers")
+    _server_flags(p)
+    _engine_flags(p)
+    p.set_defaults(func=run)
+
+
+def _server_flags(p: argparse.ArgumentParser) -> None:
+    """What is served, where, and how many: model, ports, role, LoRA slots, KV events."""
     p.add_argument("--model", default="sim-model", help="served model name")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="first port (server i listens on PORT + i)")
@@ -73,6 +80,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="tokenize prompts and chats with this model tokenizer (a directory holding tokenizer.json "
         "and tokenizer_config.json, or the tokenizer.json file) as vLLM does; default: the built-in one",
     )
+
+
+def _engine_flags(p: argparse.ArgumentParser) -> None:
+    """Faults injected, the engine's profile and its limits."""
     p.add_argument("--failure-rate", type=float, default=0.0, help="share of requests answered with an error")
     p.add_argument(
         "--failure-types",
@@ -112,7 +123,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--default-max-tokens", type=int, default=128, help="output length when max_tokens is unset"
     )
     p.add_argument("--seed", type=int, default=0, help="seed for failure and latency-spike injection")
-    p.set_defaults(func=run)
 
 
 def options_from(args: argparse.Namespace) -> ServerOptions:

@@ -136,6 +136,14 @@ def _check_output(path: str | None, flag: str, suffix: str | None = None) -> Non
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("simulate", help="compare routing policies on a simulated fleet, in virtual time")
+    _policy_flags(p)
+    _workload_flags(p)
+    _fleet_flags(p)
+    p.set_defaults(func=run)
+
+
+def _policy_flags(p: argparse.ArgumentParser) -> None:
+    """The policies compared: named ones and config files, in the order given."""
     p.add_argument(
         "--policy",
         dest="policies",
@@ -151,6 +159,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action=_InOrder,
         help="an EndpointPickerConfig file to run as a policy (repeatable)",
     )
+
+
+def _workload_flags(p: argparse.ArgumentParser) -> None:
+    """The fleet's size, the workload and its load."""
     p.add_argument("--servers", type=positive_int, default=8)
     p.add_argument(
         "--prefill-servers",
@@ -179,6 +191,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--requests", type=positive_int, default=None, help="stop the workload after this many requests"
     )
     p.add_argument("--seed", type=int, default=0)
+
+
+def _fleet_flags(p: argparse.ArgumentParser) -> None:
+    """The engines, the scrapes and KV events, the SLO, churn and the outputs."""
     p.add_argument(
         "--scrape-interval",
         type=_interval,
@@ -227,7 +243,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--json", help="write every run's figures to this file")
     p.add_argument("--plot", help="draw latency and throughput against load to this PNG")
-    p.set_defaults(func=run)
 
 
 def _prepare(args: argparse.Namespace) -> tuple[Workload, list[tuple[str, PolicyFactory]]]:

@@ -232,28 +232,7 @@ class DataLayerBuilder:
             seen_types.add(extractor.typed_name.type)
             extractors.append(extractor)
         if isinstance(source, PollingSource):
-            polling: list[PollingExtractor] = []
-            for j, extractor in enumerate(extractors):
-                epath = f"{path}.extractors[{j}].pluginRef"
-                if not isinstance(extractor, PollingExtractor):
-                    self.fail(
-                        epath,
-                        f"plugin {extractor.typed_name.name!r} ({extractor.typed_name.type}) is not an "
-                        f"extractor that reads a polled payload",
-                        f"use an extractor of {source.payload} payloads",
-                    )
-                elif extractor.accepts != source.payload:
-                    self.fail(
-                        epath,
-                        f"extractor {extractor.typed_name.name!r} ({extractor.typed_name.type}) reads "
-                        f"{extractor.accepts} payloads, but {described} fetches {source.payload}",
-                        "pair it with a source of its payload",
-                    )
-                else:
-                    polling.append(extractor)
-            if not src.extractors:
-                self.warn(f"{path}: source {src.plugin_ref!r} has no extractors: what it fetches is not read")
-            return PolledSource(source, tuple(polling))
+            return self._polled(path, src, source, extractors)
         if isinstance(source, EndpointNotificationSource):
             found: list[EndpointExtractor] = []
             for j, extractor in enumerate(extractors):
@@ -277,6 +256,34 @@ class DataLayerBuilder:
             return []
         self.fail(f"{path}.pluginRef", f"{described} is not a data source", "refer to a data source plugin")
         return None
+
+    def _polled(
+        self, path: str, src: DataLayerSource, source: PollingSource, extractors: list[Plugin]
+    ) -> PolledSource:
+        """A polling source and the extractors of its payload (others are reported)."""
+        described = f"plugin {src.plugin_ref!r} ({source.typed_name.type})"
+        polling: list[PollingExtractor] = []
+        for j, extractor in enumerate(extractors):
+            epath = f"{path}.extractors[{j}].pluginRef"
+            if not isinstance(extractor, PollingExtractor):
+                self.fail(
+                    epath,
+                    f"plugin {extractor.typed_name.name!r} ({extractor.typed_name.type}) is not an "
+                    f"extractor that reads a polled payload",
+                    f"use an extractor of {source.payload} payloads",
+                )
+            elif extractor.accepts != source.payload:
+                self.fail(
+                    epath,
+                    f"extractor {extractor.typed_name.name!r} ({extractor.typed_name.type}) reads "
+                    f"{extractor.accepts} payloads, but {described} fetches {source.payload}",
+                    "pair it with a source of its payload",
+                )
+            else:
+                polling.append(extractor)
+        if not src.extractors:
+            self.warn(f"{path}: source {src.plugin_ref!r} has no extractors: what it fetches is not read")
+        return PolledSource(source, tuple(polling))
 
     def _discovery(self, where: str, section: DataLayerSection | None) -> EndpointsFileDiscovery | None:
         if section is None or section.discovery is None:

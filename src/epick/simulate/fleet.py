@@ -137,21 +137,7 @@ class Fleet:
         # Any model but the base model is a LoRA adapter; ids are given here or on first sight.
         self.lora_ids = dict(lora_ids) if lora_ids is not None else {}
         track_loras(self, bool(self.lora_ids))
-        if roles is not None and len(roles) != servers:
-            raise ValueError(f"{len(roles)} roles for {servers} servers")
-        self.views = [
-            ServerView(
-                i,
-                f"s{i}",
-                0,
-                0,
-                0,
-                0.0,
-                cached_tokens=cached_tokens_fn(self, i),
-                role=roles[i] if roles is not None else None,
-            )
-            for i in range(servers)
-        ]
+        self.views = self._views(servers, roles)
         self.churn = churn
         self._membership = policy if isinstance(policy, MembershipAware) else None
         self._up = list(self.views)  # the servers in the pool, as routing sees them
@@ -179,6 +165,24 @@ class Fleet:
         self._in_flight: dict[str, SimRequestSpec] = {}
         self._hashed: SimRequestSpec | None = None
         self._hashes: list[int] = []
+
+    def _views(self, servers: int, roles: Sequence[str | None] | None) -> list[ServerView]:
+        """What routing sees of each server (filled by the scrapes), with its role."""
+        if roles is not None and len(roles) != servers:
+            raise ValueError(f"{len(roles)} roles for {servers} servers")
+        return [
+            ServerView(
+                i,
+                f"s{i}",
+                0,
+                0,
+                0,
+                0.0,
+                cached_tokens=cached_tokens_fn(self, i),
+                role=roles[i] if roles is not None else None,
+            )
+            for i in range(servers)
+        ]
 
     # The event queue.
     def push(self, time: float, kind: int, data: _EventData) -> None:

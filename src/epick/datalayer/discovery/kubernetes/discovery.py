@@ -86,22 +86,7 @@ class KubernetesDiscovery:
         self._datastore = datastore
         self._namespace = namespace
         self._pool = pool
-        self._target: _Target | None = None
-        if pool is not None:
-            if not pool:
-                raise DiscoveryError("Kubernetes discovery: the InferencePool name is empty")
-            if target_ports is not None:
-                raise DiscoveryError(
-                    f"Kubernetes discovery: InferencePool {pool!r} sets the target ports; do not give them"
-                )
-        else:
-            assert selector is not None
-            where = "Kubernetes discovery: the label selector"
-            text = _selector_text(selector, where)
-            if not text:
-                raise DiscoveryError(f"{where} is empty (it would select every pod in {namespace!r})")
-            ports = DEFAULT_TARGET_PORTS if target_ports is None else tuple(target_ports)
-            self._target = _Target(text, _check_ports(ports, "Kubernetes discovery: target ports"))
+        self._target = _fixed_target(namespace, pool, selector, target_ports)
         self._api_client = api_client
         self._own_client = False
         self._kubeconfig = None if kubeconfig is None else os.fspath(kubeconfig)
@@ -372,3 +357,24 @@ def _selector_text(selector: Mapping[str, str] | str, where: str) -> str:
         return from_structured(selector).render()
     except SelectorError as e:
         raise DiscoveryError(f"{where}: {e}") from None
+
+
+def _fixed_target(
+    namespace: str, pool: str | None, selector: str | Mapping[str, str] | None, ports: Sequence[int] | None
+) -> _Target | None:
+    """The pods to serve when given by a label selector (None for a pool: its spec says)."""
+    if pool is not None:
+        if not pool:
+            raise DiscoveryError("Kubernetes discovery: the InferencePool name is empty")
+        if ports is not None:
+            raise DiscoveryError(
+                f"Kubernetes discovery: InferencePool {pool!r} sets the target ports; do not give them"
+            )
+        return None
+    assert selector is not None
+    where = "Kubernetes discovery: the label selector"
+    text = _selector_text(selector, where)
+    if not text:
+        raise DiscoveryError(f"{where} is empty (it would select every pod in {namespace!r})")
+    chosen = DEFAULT_TARGET_PORTS if ports is None else tuple(ports)
+    return _Target(text, _check_ports(chosen, "Kubernetes discovery: target ports"))
