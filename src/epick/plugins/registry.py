@@ -132,6 +132,16 @@ class Registry:
         return iter(self._specs.values())
 
 
+def default_producer(parameter: str, producer_type: str) -> Callable[[Any, str], tuple[str, ...]]:
+    """A spec's `requires`: a producer of `producer_type` (added with default parameters when the
+    config has none), unless the plugin's parameter `parameter` names the producer to read."""
+
+    def requires(params: Any, api_version: str = "") -> tuple[str, ...]:
+        return () if getattr(params, parameter) else (producer_type,)
+
+    return requires
+
+
 def producer_for(
     handle: Handle,
     named: str,

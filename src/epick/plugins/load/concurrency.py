@@ -22,7 +22,7 @@ from pydantic import Field
 from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads
 from epick.plugins.load.inflight import TYPE as INFLIGHT_TYPE
 from epick.plugins.load.inflight import InFlightLoad, InFlightLoadProducer, resolve_inflight
-from epick.plugins.registry import Handle, Parameters, PluginSpec
+from epick.plugins.registry import Handle, Parameters, PluginSpec, default_producer
 
 TYPE = "concurrency-detector"
 
@@ -95,15 +95,11 @@ def _factory(name: str, params: ConcurrencyParameters, handle: Handle) -> Concur
     )
 
 
-def _requires(params: ConcurrencyParameters, api_version: str = "") -> tuple[str, ...]:
-    return () if params.in_flight_load_producer_name else (INFLIGHT_TYPE,)
-
-
 SPEC = PluginSpec(
     TYPE,
     _factory,
     ConcurrencyParameters,
     "saturation and a filter from requests/tokens in flight",
-    requires=_requires,
+    requires=default_producer("in_flight_load_producer_name", INFLIGHT_TYPE),
     worker_state="",
 )

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads
 from epick.plugins.multimodal.producer import TYPE as PRODUCER_TYPE
 from epick.plugins.multimodal.producer import EncoderCacheMatch, match_key
-from epick.plugins.registry import Handle, Parameters, PluginSpec, producer_for
+from epick.plugins.registry import Handle, Parameters, PluginSpec, default_producer, producer_for
 
 TYPE = "mm-embeddings-cache-scorer"
 
@@ -55,14 +55,10 @@ def _factory(name: str, params: MMEmbeddingsCacheScorerParameters, handle: Handl
     return MMEmbeddingsCacheScorer(name, producer.typed_name.name if producer is not None else PRODUCER_TYPE)
 
 
-def _requires(params: MMEmbeddingsCacheScorerParameters, api_version: str = "") -> tuple[str, ...]:
-    return () if params.producer_name else (PRODUCER_TYPE,)
-
-
 SPEC = PluginSpec(
     TYPE,
     _factory,
     MMEmbeddingsCacheScorerParameters,
     "held media items / the request's media items",
-    requires=_requires,
+    requires=default_producer("producer_name", PRODUCER_TYPE),
 )

@@ -29,7 +29,7 @@ from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin,
 from epick.framework.datalayer import data_key
 from epick.framework.request import CHARS_PER_TOKEN
 from epick.plugins.prefix.scorer import MATCH_DATA_TYPE, PrefixMatch, resolve_producer
-from epick.plugins.registry import Handle, Parameters, PluginSpec
+from epick.plugins.registry import Handle, Parameters, PluginSpec, default_producer
 
 TYPE = "p2p-source-producer"
 DEFAULT_PRODUCER = "approx-prefix-cache-producer"
@@ -137,14 +137,10 @@ def _factory(name: str, params: P2PSourceParameters, handle: Handle) -> P2PSourc
     )
 
 
-def _requires(params: P2PSourceParameters, api_version: str = "") -> tuple[str, ...]:
-    return () if params.prefix_match_info_producer_name else (DEFAULT_PRODUCER,)
-
-
 SPEC = PluginSpec(
     TYPE,
     _factory,
     P2PSourceParameters,
     "names a peer holding the prompt's KV blocks (x-kv-cache-source-host-port)",
-    requires=_requires,
+    requires=default_producer("prefix_match_info_producer_name", DEFAULT_PRODUCER),
 )

@@ -18,7 +18,7 @@ from epick.framework.datalayer import data_key
 from epick.plugins.prefix.index import PrefixIndex
 from epick.plugins.prefix.producer import ApproxPrefixCacheProducer
 from epick.plugins.prefix.scorer import DEFAULT_PRODUCER, MATCH_DATA_TYPE, PrefixMatch
-from epick.plugins.registry import Handle, ParameterError, Parameters, PluginSpec
+from epick.plugins.registry import Handle, ParameterError, Parameters, PluginSpec, default_producer
 
 TYPE = "smallest-cache-scorer"
 
@@ -68,15 +68,11 @@ def _factory(name: str, params: SmallestCacheParameters, handle: Handle) -> Smal
     return SmallestCacheScorer(name, producer=producer.typed_name.name, index=producer.index)
 
 
-def _requires(params: SmallestCacheParameters, api_version: str = "") -> tuple[str, ...]:
-    return () if params.prefix_match_info_producer_name else (DEFAULT_PRODUCER,)
-
-
 SPEC = PluginSpec(
     TYPE,
     _factory,
     SmallestCacheParameters,
     "epick: cold requests to the endpoints whose approximate index holds the fewest blocks",
-    requires=_requires,
+    requires=default_producer("prefix_match_info_producer_name", DEFAULT_PRODUCER),
     worker_state="",
 )

@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from pydantic import Field
 
 from epick.framework import (
-    CycleState,
     Endpoint,
     InferenceRequest,
     ProfileLike,
@@ -55,11 +54,8 @@ class DataParallelProfileHandler(OneRoundHandler):
             )
         return list(profiles)
 
-    def process_results(
-        self,
-        request: InferenceRequest,
-        cycle_state: CycleState,
-        results: Mapping[str, ProfileRunResult | None],
+    def merge(
+        self, request: InferenceRequest, results: Mapping[str, ProfileRunResult | None]
     ) -> SchedulingResult:
         if len(results) != 1:
             raise SchedulingError(f"{TYPE} runs a single profile, got {len(results)} results")

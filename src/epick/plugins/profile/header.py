@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from epick.framework import (
-    CycleState,
     InferenceRequest,
     ProfileLike,
     ProfileRunResult,
@@ -59,11 +58,8 @@ class HeaderProfileHandler(OneRoundHandler):
             f"profile, and the request has no {self.header_name!r} header"
         )
 
-    def process_results(
-        self,
-        request: InferenceRequest,
-        cycle_state: CycleState,
-        results: Mapping[str, ProfileRunResult | None],
+    def merge(
+        self, request: InferenceRequest, results: Mapping[str, ProfileRunResult | None]
     ) -> SchedulingResult:
         if len(results) != 1:
             raise SchedulingError(

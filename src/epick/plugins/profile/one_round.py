@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from epick.framework import CycleState, InferenceRequest, NamedPlugin, ProfileLike, ProfileRunResult, Reads
+from epick.framework import (
+    CycleState,
+    InferenceRequest,
+    NamedPlugin,
+    ProfileLike,
+    ProfileRunResult,
+    Reads,
+    SchedulingResult,
+)
 
 
 class OneRoundHandler(NamedPlugin):
@@ -24,4 +32,18 @@ class OneRoundHandler(NamedPlugin):
 
     def first_round(self, request: InferenceRequest, profiles: Mapping[str, ProfileLike]) -> list[str]:
         """The profiles to run, in order."""
+        raise NotImplementedError
+
+    def process_results(
+        self,
+        request: InferenceRequest,
+        cycle_state: CycleState,
+        results: Mapping[str, ProfileRunResult | None],
+    ) -> SchedulingResult:
+        return self.merge(request, results)
+
+    def merge(
+        self, request: InferenceRequest, results: Mapping[str, ProfileRunResult | None]
+    ) -> SchedulingResult:
+        """The scheduling result of the profiles' results (`SchedulingError` when there is none)."""
         raise NotImplementedError

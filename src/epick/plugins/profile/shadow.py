@@ -12,7 +12,6 @@ import logging
 from collections.abc import Mapping
 
 from epick.framework import (
-    CycleState,
     InferenceRequest,
     ProfileLike,
     ProfileRunResult,
@@ -50,11 +49,8 @@ class ShadowProfileHandler(OneRoundHandler):
         # The primary runs once, first; a shadow listed twice runs once.
         return list(dict.fromkeys([self.primary, *shadows]))
 
-    def process_results(
-        self,
-        request: InferenceRequest,
-        cycle_state: CycleState,
-        results: Mapping[str, ProfileRunResult | None],
+    def merge(
+        self, request: InferenceRequest, results: Mapping[str, ProfileRunResult | None]
     ) -> SchedulingResult:
         primary = results.get(self.primary)
         if primary is None:

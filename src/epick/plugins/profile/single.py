@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from epick.framework import (
-    CycleState,
     InferenceRequest,
     ProfileLike,
     ProfileRunResult,
@@ -26,11 +25,8 @@ class SingleProfileHandler(OneRoundHandler):
     def first_round(self, request: InferenceRequest, profiles: Mapping[str, ProfileLike]) -> list[str]:
         return list(profiles)[:1]
 
-    def process_results(
-        self,
-        request: InferenceRequest,
-        cycle_state: CycleState,
-        results: Mapping[str, ProfileRunResult | None],
+    def merge(
+        self, request: InferenceRequest, results: Mapping[str, ProfileRunResult | None]
     ) -> SchedulingResult:
         name, result = next(iter(results.items()))
         if result is None:

@@ -20,7 +20,7 @@ from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin,
 from epick.plugins.duration import Duration
 from epick.plugins.load.inflight import TYPE as INFLIGHT_TYPE
 from epick.plugins.load.inflight import InFlightLoadProducer, resolve_inflight
-from epick.plugins.registry import Handle, Parameters, PluginSpec
+from epick.plugins.registry import Handle, Parameters, PluginSpec, default_producer
 
 TYPE = "active-request-scorer"
 
@@ -70,15 +70,11 @@ def _factory(name: str, params: ActiveRequestParameters, handle: Handle) -> Acti
     )
 
 
-def _requires(params: ActiveRequestParameters, api_version: str = "") -> tuple[str, ...]:
-    return () if params.in_flight_load_producer_name else (INFLIGHT_TYPE,)
-
-
 SPEC = PluginSpec(
     TYPE,
     _factory,
     ActiveRequestParameters,
     "fewer requests in flight (the in-flight producer's) scores higher",
-    requires=_requires,
+    requires=default_producer("in_flight_load_producer_name", INFLIGHT_TYPE),
     worker_state="",
 )

@@ -17,7 +17,7 @@ from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin,
 from epick.plugins.duration import Duration
 from epick.plugins.load.inflight import TYPE as INFLIGHT_TYPE
 from epick.plugins.load.inflight import InFlightLoadProducer, resolve_inflight
-from epick.plugins.registry import Handle, Parameters, PluginSpec
+from epick.plugins.registry import Handle, Parameters, PluginSpec, default_producer
 
 TYPE = "token-load-scorer"
 DEFAULT_THRESHOLD = 4_194_304  # 128 requests of 32K tokens
@@ -62,15 +62,11 @@ def _factory(name: str, params: TokenLoadParameters, handle: Handle) -> TokenLoa
     return TokenLoadScorer(name, inflight, params.queue_threshold_tokens)
 
 
-def _requires(params: TokenLoadParameters, api_version: str = "") -> tuple[str, ...]:
-    return () if params.in_flight_load_producer_name else (INFLIGHT_TYPE,)
-
-
 SPEC = PluginSpec(
     TYPE,
     _factory,
     TokenLoadParameters,
     "fewer prompt tokens in flight scores higher",
-    requires=_requires,
+    requires=default_producer("in_flight_load_producer_name", INFLIGHT_TYPE),
     worker_state="",
 )
