@@ -1,14 +1,12 @@
-"""The director: everything between a request's bytes and the endpoint it goes to, and its response hooks.
+"""The director: makes each request's `RequestCycle` (cycle.py), and holds what every cycle shares.
 
-1. parse the body with the configured parser that claims the request's path (`requestHandler.parsers`;
-   a path none claims is refused with 404 naming the served ones) and apply the configured model
-   rewrites (InferenceModelRewrite; a client's rewrite header is ignored);
-   2. refuse a model no endpoint serves; 3. the request path
-   (path.py) on the datastore's snapshot: admit (a sheddable request, priority < 0 from the objective
-   named by `x-gateway-inference-objective`, is refused with 429 when the pool is saturated; with the
-   `flowControl` gate on, every request waits in flow control instead, `decide_async`),
-   schedule, run the PreRequest hooks. Front ends then dispatch, and report the response back
-   through `response_*`, where the parser reads the response's token usage.
+`begin` parses the body with the configured parser that claims the request's path
+(`requestHandler.parsers`; a path none claims is refused with 404 naming the served ones), applies
+the configured model rewrites (InferenceModelRewrite; a client's rewrite header is ignored) and
+refuses a model no endpoint serves; `cycle` takes a request already built (the fleet simulator's).
+What every cycle shares lives here: the config's request path (path.py), the candidates of the
+moment (the datastore's snapshot, or the simulator's), the objectives' priorities, flow control's
+admission (admission.py) when the `flowControl` gate is on, endpoint health, the metrics observer.
 """
 
 from __future__ import annotations
