@@ -3,7 +3,8 @@
 The director makes a `RequestCycle` per request (`Director.begin` from a body and headers, or
 `Director.cycle` from a request already built, as the simulator builds them). Its steps, in order:
 
-1. `enter`: the request-header processors fill a fresh cycle state; the request's fairness id.
+1. `enter`: the request-header processors fill a fresh cycle state (and, for flow control, the
+   request's `fairness_id`).
 2. admission, one of:
    - `decide`: no flow control: a sheddable request meets a saturated pool (429), then step 3;
    - `await admit`: a model server's tokens and the batching producers first, then flow control
@@ -30,6 +31,7 @@ from epick.framework import (
     Response,
     SchedulingResult,
 )
+from epick.framework.flowcontrol import fairness_id
 from epick.requestcontrol.admission import EvictionSignal
 from epick.requestcontrol.errors import RequestError
 from epick.requestcontrol.path import safely
@@ -55,7 +57,6 @@ class RequestCycle:
         "cycle_state",
         "director",
         "eviction",
-        "fairness",
         "request",
         "result",
         "usage",
@@ -76,7 +77,6 @@ class RequestCycle:
         self.usage = usage  # reads the response's usage (None: the response is not read for it)
         self.result = _NOT_DECIDED
         self.cycle_state: CycleState | None = None
-        self.fairness = ""
         # Flow control may evict it while in flight (enableEviction): how the front end hears of it.
         self.eviction: EvictionSignal | None = None
         self._completed = False
@@ -97,11 +97,16 @@ class RequestCycle:
         """Whether `completed` has run."""
         return self._completed
 
-    def enter(self) -> str:
-        """Run the request-header processors (once) and return the request's fairness id."""
+    def enter(self) -> CycleState:
+        """Run the request-header processors (once): the cycle state they filled."""
         if self.cycle_state is None:
-            self.cycle_state, self.fairness = self.director.path.prepare(self.request)
-        return self.fairness
+            self.cycle_state = self.director.path.read_headers(self.request)
+        return self.cycle_state
+
+    def fairness_id(self) -> str:
+        """The request's flow for flow control: its fairness header, else the agent identity a
+        header processor found, else "default-flow"."""
+        return fairness_id(self.request, self.enter())
 
     def decide(self) -> SchedulingResult:
         """Without flow control: shed a sheddable request when the pool is saturated, then decide.
@@ -109,12 +114,11 @@ class RequestCycle:
         director = self.director
         if director.before_schedule is not None:
             director.before_schedule()
-        self.enter()
-        assert self.cycle_state is not None
+        cycle_state = self.enter()
         candidates = director.candidates()
         try:
             director.path.shed(self.request, candidates)
-            self.result = director.path.decide_admitted(self.request, self.cycle_state, candidates)
+            self.result = director.path.decide_admitted(self.request, cycle_state, candidates)
         except RequestError as e:
             director.observer.error(self.client_model, self.request.target_model, e.code)
             raise
@@ -134,10 +138,9 @@ class RequestCycle:
         admission = director.admission
         if admission is None:
             return self.decide()
-        self.enter()
         try:
             return await admission.admit(
-                self.request, self.fairness, self.dispatched, on_abandoned=lambda _: self.abandon()
+                self.request, self.fairness_id(), self.dispatched, on_abandoned=lambda _: self.abandon()
             )
         except RequestError as e:
             director.observer.error(self.client_model, self.request.target_model, e.code)
@@ -148,9 +151,7 @@ class RequestCycle:
         director = self.director
         if director.before_schedule is not None:
             director.before_schedule()
-        self.enter()
-        assert self.cycle_state is not None
-        self.result = director.path.decide_admitted(self.request, self.cycle_state, director.candidates())
+        self.result = director.path.decide_admitted(self.request, self.enter(), director.candidates())
         admission = director.admission
         if admission is not None and self.result.targets:
             self.eviction = admission.evictable(self.request, self.result.targets[0])

@@ -1,10 +1,10 @@
-"""The one request path: admit → schedule → PreRequest, for a parsed request and its candidates.
+"""The request path's steps on one config: read the headers, shed, and decide (screeners,
+producers, admitters, the scheduler, PreRequest), for a request and its candidates.
 
-Both front ends (through the director) and the fleet simulator call `RequestPath.decide`, so a
-request is decided the same way wherever it comes from. With flow control on, admission waits in
-the flow controller instead: `prepare` runs the header processors (which may name the request's
-fairness id), the request queues, and `decide_admitted` runs the rest once it is dispatched. It does
-no I/O and reads no clock but the one that times the scheduler for metrics.
+Every request's `RequestCycle` (cycle.py) runs these steps, whichever front end took it or the
+fleet simulator; with flow control on, the cycle waits in the flow controller between reading the
+headers (which may name the request's fairness id) and deciding. It does no I/O and reads no clock
+but the one that times the scheduler for metrics.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from epick.framework import (
     Snapshot,
     Usage,
 )
-from epick.framework.flowcontrol import fairness_id
 from epick.requestcontrol import errors
 from epick.requestcontrol.errors import RequestError
 
@@ -138,12 +137,6 @@ class RequestPath:
                 ",".join(ep.name for ep in result.targets),
             )
         return result
-
-    def prepare(self, request: InferenceRequest) -> tuple[CycleState, str]:
-        """Before flow control: the header processors' cycle state and the request's fairness id
-        (its fairness header, else the agent identity a processor found, else "default-flow")."""
-        cycle_state = self.read_headers(request)
-        return cycle_state, fairness_id(request, cycle_state)
 
     def read_headers(self, request: InferenceRequest) -> CycleState:
         """A fresh cycle state holding what the request-header processors found."""

@@ -178,7 +178,10 @@ class EpickPolicy:
         request = cycle.request
         self._held[request.key] = (spec, cycle)
         item = self.flow.submit(
-            request, fairness_id=cycle.enter(), byte_size=len(spec.tokens) * 4, on_finalize=self._finalized
+            request,
+            fairness_id=cycle.fairness_id(),
+            byte_size=len(spec.tokens) * 4,
+            on_finalize=self._finalized,
         )
         if item.outcome is None:
             self.flow.dispatch_once(self._endpoints.endpoints)

@@ -98,7 +98,11 @@ def _bands(b: PluginBuilder, section: FlowControlSection, defaults: BandSettings
     for i, entry in enumerate(section.priority_bands):
         path = f"flowControl.priorityBands[{i}]"
         if entry.priority in bands:
-            b.fail(f"{path}.priority", f"duplicate priority level {entry.priority}", "configure each priority once")
+            b.fail(
+                f"{path}.priority",
+                f"duplicate priority level {entry.priority}",
+                "configure each priority once",
+            )
             continue
         built = _band(b, entry, path, entry.priority, defaults)
         if built is not None:

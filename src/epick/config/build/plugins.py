@@ -23,7 +23,7 @@ from epick.config.schema import EndpointPickerConfigFile, PluginEntry
 from epick.config.suggest import did_you_mean
 from epick.config.upstream import EQUIVALENT_FIXES, UPSTREAM_TYPES, upstream_type
 from epick.framework import Clock, Plugin
-from epick.plugins.registry import Parameters, ParameterError, PluginSpec, Registry
+from epick.plugins.registry import ParameterError, Parameters, PluginSpec, Registry
 
 
 class DependencyFailedError(Exception):
@@ -281,7 +281,9 @@ class PluginBuilder:
                     "fix that plugin",
                 )
         except ParameterError as e:
-            self.fail(f"{path}.parameters.{e.parameter}", f"{type_name}: {e}", e.fix or "correct the parameter")
+            self.fail(
+                f"{path}.parameters.{e.parameter}", f"{type_name}: {e}", e.fix or "correct the parameter"
+            )
         except (ValueError, TypeError) as e:
             self.fail(f"{path}.parameters", f"{type_name}: {e}", "correct the parameters")
         return None
