@@ -238,3 +238,28 @@ async def test_a_handler_that_fails_gets_a_json_500_and_the_connection_closes(
     ((head, body),) = responses(raw)
     assert head.startswith(b"HTTP/1.1 500") and b"connection: close" in head
     assert b"internal error in epick" in body
+
+
+async def test_a_drained_stop_delivers_a_whole_reply_to_a_slow_reader(
+    serve: Callable[..., Awaitable[HTTPServer]],
+) -> None:
+    """The reply was written before stop(), but most of it still waits in the transport's buffer
+    while the client reads slowly: a drain lets it all go out before the connection closes."""
+    size = 8 * 1024 * 1024
+
+    async def big(request: Request, reply: Reply) -> None:
+        await request.read()
+        reply.send(200, b"x" * size, content_type="application/octet-stream")
+
+    server = await serve(big)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port, limit=1 << 16)
+    writer.write(b"GET /big HTTP/1.1\r\nhost: t\r\n\r\n")
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert b"200" in head.split(b"\r\n")[0]
+    stopping = asyncio.create_task(server.stop(drain=30.0))
+    received = 0
+    while chunk := await reader.read(1 << 16):
+        received += len(chunk)
+    await stopping
+    writer.close()
+    assert received == size

@@ -205,6 +205,5 @@ class ExtProcServer:
 
     async def stop(self, drain: float = 1.0) -> None:
         """Stop listening; open streams get `drain` seconds (at least one) to finish."""
-        for server in (self._server, self._health_server):
-            if server is not None:
-                await server.stop(grace=max(drain, 1.0))
+        servers = [s for s in (self._server, self._health_server) if s is not None]
+        await asyncio.gather(*(server.stop(grace=max(drain, 1.0)) for server in servers))

@@ -146,14 +146,15 @@ class RequestCycle:
             director.observer.error(self.client_model, self.request.target_model, e.code)
             raise
 
-    def dispatched(self) -> SchedulingResult:
-        """Flow control let the request go: decide it on the candidates of this moment."""
+    def dispatched(self, *, evictable: bool = True) -> SchedulingResult:
+        """Flow control let the request go: decide it on the candidates of this moment, and (with
+        `evictable`, when eviction is on) track it for in-flight eviction."""
         director = self.director
         if director.before_schedule is not None:
             director.before_schedule()
         self.result = director.path.decide_admitted(self.request, self.enter(), director.candidates())
         admission = director.admission
-        if admission is not None and self.result.targets:
+        if evictable and admission is not None and self.result.targets:
             self.eviction = admission.evictable(self.request, self.result.targets[0])
         return self.result
 
@@ -207,9 +208,10 @@ class RequestCycle:
         for hook in self.director.config.hooks.response_streaming:
             safely(hook.response_streaming, self.request, response, endpoint)
 
-    def completed(self, response: Response, endpoint: Endpoint) -> None:
+    def completed(self, response: Response, endpoint: Endpoint, *, dispatch_waiting: bool = True) -> None:
         """The response ended, or the request did (once: a second report is ignored); the hooks
-        release what the request held."""
+        release what the request held, and flow control runs a dispatch cycle for what waits
+        (unless `dispatch_waiting` is false: the caller runs it, on fresher candidates)."""
         if self._completed:
             return
         self._completed = True
@@ -222,7 +224,7 @@ class RequestCycle:
             safely(hook.response_complete, self.request, response, endpoint)
         if self.eviction is not None:
             self.eviction.release()
-        if director.admission is not None:
+        if dispatch_waiting and director.admission is not None:
             director.admission.notify()  # capacity freed: a waiting request may go now
 
     def end(self, reason: str) -> None:

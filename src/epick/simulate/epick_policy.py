@@ -201,7 +201,8 @@ class EpickPolicy:
             self._released.append((spec, RefusedError(f"refused by flow control: {item.reason}")))
             return
         try:
-            cycle.dispatched()
+            # In-flight eviction is not simulated: a simulated request cannot be stopped.
+            cycle.dispatched(evictable=False)
         except RequestError as e:
             self._released.append((spec, RefusedError(f"refused by the scheduler: {e.message}")))
             return
@@ -261,7 +262,7 @@ class EpickPolicy:
         if cycle is None:
             return
         hooks = self.config.hooks
-        if not (hooks.response_received or hooks.response_complete or self.flow is not None):
+        if not (hooks.response_received or hooks.response_complete):
             return
         if response is None:
             response = Response(cycle.request.request_id, streaming=True)
@@ -272,7 +273,8 @@ class EpickPolicy:
         else:
             response.usage = Usage(len(request.tokens), tokens)
         response.end_of_stream = True
-        cycle.completed(response, cycle.targets[0])
+        # The fleet runs a dispatch cycle after every completion, on the servers' fresh metrics.
+        cycle.completed(response, cycle.targets[0], dispatch_waiting=False)
 
 
 def _vllm_event(event: object, adapters: Mapping[int, str]) -> KVEvent:

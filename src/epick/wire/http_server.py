@@ -65,6 +65,7 @@ class HTTPServer:
         self.max_connections = max_connections
         self.connections: set[_Connection] = set()
         self.draining = False  # stopping: a connection closes once its request is answered
+        self._drained: asyncio.Future[None] | None = None  # set once the last connection is gone
         self._server: asyncio.Server | None = None
         self._adopted: dict[int, asyncio.Future[asyncio.Server]] = {}  # by key: other listening sockets
         self.port = 0
@@ -73,6 +74,7 @@ class HTTPServer:
         """Listen on `host:port`, or accept on `sock`, a socket already listening (`epick serve
         --workers`: the supervisor binds it once and every worker accepts on it)."""
         loop = asyncio.get_running_loop()
+        self.draining = False
         if sock is not None:
             self._server = await loop.create_server(lambda: _Connection(self), sock=sock, backlog=1024)
         else:
@@ -113,18 +115,32 @@ class HTTPServer:
         self._server = None
 
     async def _drain(self, seconds: float) -> None:
+        """Until `seconds` pass: requests being answered finish, then every connection closes once
+        what it has written has gone out (a closed transport flushes before `connection_lost`)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
         self.draining = True
-        while True:
+        self._drained = loop.create_future()
+        while self.connections:
             busy = [c.task for c in self.connections if c.task is not None and not c.task.done()]
             for conn in list(self.connections):
                 if conn.task is None or conn.task.done():
                     conn.close_when_idle()
             remaining = deadline - loop.time()
-            if not busy or remaining <= 0:
+            if remaining <= 0 or not self.connections:
                 return
-            await asyncio.wait(busy, timeout=remaining)
+            if busy:
+                await asyncio.wait(busy, timeout=remaining)
+            else:  # all closing: wait for their last bytes to leave
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(self._drained), remaining)
+                return
+
+    def _connection_gone(self) -> None:
+        """A connection was lost: while draining, the last one's loss ends the wait."""
+        drained = self._drained
+        if self.draining and not self.connections and drained is not None and not drained.done():
+            drained.set_result(None)
 
 
 def _report_failure(started: asyncio.Future[asyncio.Server]) -> None:
@@ -202,6 +218,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         self.closed = True
         self.server.connections.discard(self)
+        self.server._connection_gone()
         self._disarm_head()
         self._disarm_idle()
         if self._parsing is not None:

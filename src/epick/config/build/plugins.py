@@ -314,7 +314,14 @@ class PluginBuilder:
         spec = self.registry.get(type_name)
         if spec is None:
             return None
-        params = spec.parameters.model_validate(self.parameters_of(spec.type, {}))
+        try:
+            params = spec.parameters.model_validate(self.parameters_of(spec.type, {}))
+        except ValidationError as e:  # an override the type's parameters refuse
+            prefix = f"{type_name} (added by the loader).parameters"
+            self.issues.extend(
+                _issue_from_pydantic(err, spec.parameters, prefix=prefix) for err in e.errors()
+            )
+            return None
         fingerprint = json.dumps([spec.type, params.model_dump(mode="json")], sort_keys=True, default=str)
         self.fingerprints[type_name] = fingerprint
         self._declare(type_name, spec, params)

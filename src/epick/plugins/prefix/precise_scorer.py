@@ -12,7 +12,8 @@ loads that model's tokenizer files as `token-producer`'s `local` backend finds t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from epick.framework import CycleState, Endpoint, InferenceRequest, Plugin, Reads
 from epick.plugins.prefix.precise import (
@@ -41,8 +42,9 @@ class PrecisePrefixCacheScorer(PrecisePrefixCacheProducer):
         *,
         producer: str | None = None,  # an existing precise producer to score from
         tokenizer: TokenProducer | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(name, params)
+        super().__init__(name, params, clock)
         self.source = match_key(producer) if producer is not None else self.key
         self.delegating = producer is not None
         self.own_tokenizer = tokenizer
@@ -86,7 +88,9 @@ def _factory(name: str, params: PreciseParameters, handle: Handle) -> PrecisePre
         tokenizer = TokenProducer(
             f"{name}-tokenizer", backend="local", tokenizer_source=model, model_name=model
         )
-    return PrecisePrefixCacheScorer(name, params, producer=_existing_producer(handle), tokenizer=tokenizer)
+    return PrecisePrefixCacheScorer(
+        name, params, producer=_existing_producer(handle), tokenizer=tokenizer, clock=handle.clock
+    )
 
 
 def _requires(params: PreciseParameters, api_version: str = "") -> tuple[str, ...]:

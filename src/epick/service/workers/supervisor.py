@@ -136,7 +136,9 @@ class Supervisor:
                 process.terminate()
         for process in running:
             try:
-                await asyncio.wait_for(process.wait(), 10)
+                await asyncio.wait_for(
+                    process.wait(), self.settings.drain_timeout + 10
+                )  # its own drain first
             except TimeoutError:
                 process.kill()
                 await process.wait()
