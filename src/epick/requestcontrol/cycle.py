@@ -170,9 +170,7 @@ class RequestCycle:
 
     def abandon(self) -> None:
         """The request will never be dispatched (its client left): release what it holds."""
-        if not self._completed and self.result.targets:
-            failed = Response(self.request.request_id, status=0, error="client left before dispatch")
-            self.completed(failed, self.result.targets[0])
+        self.end("client left before dispatch")
 
     # --- the response --------------------------------------------------------------------------
 

@@ -61,9 +61,9 @@ def worker_count(settings: Settings) -> tuple[int, LoadedConfig | None]:
     return settings.workers, config
 
 
-async def until_stopped(stopped: asyncio.Event | None = None) -> asyncio.Event:
+async def until_stopped() -> asyncio.Event:
     """An event set by SIGTERM or SIGINT (handlers installed on the running loop)."""
-    stopped = stopped or asyncio.Event()
+    stopped = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
