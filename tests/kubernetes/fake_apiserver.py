@@ -33,6 +33,10 @@ REWRITES_GIE = ("inference.networking.x-k8s.io", "v1alpha2")
 REWRITES_LLMD = ("llm-d.ai", "v1alpha2")
 
 
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+LEASE = "coordination.k8s.io/v1/leases"
+
+
 def _pool_resource(group: str, version: str) -> str:
     return f"{group}/{version}/inferencepools"
 
@@ -201,6 +205,9 @@ class FakeApiServer:
         app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/inferencepools/{name}", self._pool)
         app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/inferencemodelrewrites", self._rewrites)
         app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/inferenceobjectives", self._objectives)
+        app.router.add_get(f"{LEASES}/{{name}}", self._get_lease)
+        app.router.add_put(f"{LEASES}/{{name}}", self._put_lease)
+        app.router.add_post(LEASES, self._create_lease)
         app.router.add_route("*", "/{tail:.*}", self._not_found)
         app.middlewares.append(self._record)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
@@ -497,7 +504,43 @@ class FakeApiServer:
             kind = None
         return None if kind is None else {"type": kind, "object": copy.deepcopy(event.new)}
 
+    def lease(self, name: str, *, namespace: str = "default") -> Json | None:
+        """A Lease as stored (None when there is none)."""
+        obj = self._objects.get((LEASE, namespace, name))
+        return copy.deepcopy(obj) if obj is not None else None
+
     # HTTP
+
+    async def _get_lease(self, request: web.Request) -> web.Response:
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        obj = self._objects.get((LEASE, ns, name))
+        if obj is None:
+            return _error(404, "NotFound", f'leases.coordination.k8s.io "{name}" not found')
+        return web.json_response(obj)
+
+    async def _create_lease(self, request: web.Request) -> web.Response:
+        ns, obj = request.match_info["ns"], await request.json()
+        name = str(obj.get("metadata", {}).get("name") or "")
+        if (LEASE, ns, name) in self._objects:
+            return _error(409, "AlreadyExists", f'leases.coordination.k8s.io "{name}" already exists')
+        obj["metadata"]["namespace"] = ns
+        return web.json_response(self._put(LEASE, ns, name, obj), status=201)
+
+    async def _put_lease(self, request: web.Request) -> web.Response:
+        """An update carries the resourceVersion it read: an older one is 409 Conflict, as etcd's
+        compare-and-swap makes it."""
+        ns, name, obj = request.match_info["ns"], request.match_info["name"], await request.json()
+        stored = self._objects.get((LEASE, ns, name))
+        if stored is None:
+            return _error(404, "NotFound", f'leases.coordination.k8s.io "{name}" not found')
+        if obj.get("metadata", {}).get("resourceVersion") != stored["metadata"]["resourceVersion"]:
+            return _error(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on leases.coordination.k8s.io "{name}": the object has been '
+                "modified; please apply your changes to the latest version and try again",
+            )
+        return web.json_response(self._put(LEASE, ns, name, obj))
 
     @web.middleware
     async def _record(self, request: web.Request, handler: Any) -> web.StreamResponse:

@@ -423,6 +423,38 @@ async def test_missing_pool_is_an_error_naming_it(fake: FakeApiServer, api: Any)
     )
 
 
+async def test_waiting_for_a_missing_pool_stays_unsynced_and_retries(
+    fake: FakeApiServer, api: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As the Go EPP: no pool (or no CRD) yet is not fatal; one log line per reason, then the pool is
+    followed once it appears, and its deletion turns `synced` off again."""
+    fake.served_pool_versions = set()  # no InferencePool CRD at all
+    fake.add_pod("a", VLLM, "10.0.0.1")
+    ds = Datastore()
+    changes: list[bool] = []
+    d = KubernetesDiscovery(ds, "default", pool="pool", api_client=api, on_synced=changes.append, **FAST)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        await d.start(wait_for_pool=True)
+        assert not d.synced and names(ds) == set()
+        gets = lambda: sum("/inferencepools/pool" in path for path, _ in fake.requests)  # noqa: E731
+        await eventually(lambda: gets() >= 6, gets)  # tried three times, in both versions
+        fake.served_pool_versions = {("inference.networking.k8s.io", "v1")}
+        fake.put_pool("pool", VLLM, [8000])
+        await eventually(lambda: d.synced, lambda: changes)
+    try:
+        assert names(ds) == {"a"}
+        assert changes == [True]
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1 and "InferencePool 'pool' not found" in errors[0]
+        assert "; not ready, trying again" in errors[0]
+        await wait_watching(fake, "inferencepools")
+        fake.delete_pool("pool")
+        await eventually(lambda: not d.synced, lambda: changes)
+        assert changes == [True, False]
+    finally:
+        await d.stop()
+
+
 async def test_invalid_pool_at_start_is_an_error(fake: FakeApiServer, api: Any) -> None:
     fake.put_pool("pool", {}, [8000])
     d = KubernetesDiscovery(Datastore(), "default", pool="pool", api_client=api, **FAST)

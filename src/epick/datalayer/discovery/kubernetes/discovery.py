@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -49,6 +49,9 @@ class KubernetesDiscovery:
     `start()`: from `kubeconfig` when given, else in-cluster when KUBERNETES_SERVICE_HOST is set, else the
     default kubeconfig; a client made here is closed by `stop()`, one passed in is left open.
 
+    `on_synced` is told each time `synced` changes: the pods listed (True), the pool deleted or
+    changed (False until its pods are listed again).
+
     With `on_rewrites` (and a pool), the InferenceModelRewrites whose poolRef names the pool are watched
     too, and `on_rewrites` gets the whole set after every change (first before `start()` returns);
     likewise its InferenceObjectives with `on_objectives`.
@@ -69,6 +72,7 @@ class KubernetesDiscovery:
         backoff_s: tuple[float, float] = (0.5, 30.0),
         on_rewrites: RewritesHandler | None = None,
         on_objectives: ObjectivesHandler | None = None,
+        on_synced: Callable[[bool], None] | None = None,
     ) -> None:
         if not namespace:
             raise DiscoveryError("Kubernetes discovery: a namespace is required")
@@ -100,6 +104,9 @@ class KubernetesDiscovery:
         self._on_objectives = on_objectives
         self._watches: list[PoolResourceWatch[Any]] = []
         self._started = False
+        self._synced = False
+        self._on_synced = on_synced
+        self._retry_task: asyncio.Task[None] | None = None
 
     # public
 
@@ -115,11 +122,14 @@ class KubernetesDiscovery:
     def target_ports(self) -> tuple[int, ...]:
         return () if self._target is None else self._target.ports
 
-    async def start(self) -> None:
+    async def start(self, *, wait_for_pool: bool = False) -> None:
         """List once (the datastore is filled when this returns), then keep watching in the background.
 
         Raises `DiscoveryError` when the configuration cannot be loaded, the API server cannot be reached,
         the pool does not exist (or is invalid), or the API server refuses the list (its message quoted).
+        With `wait_for_pool`, only a configuration that cannot be loaded raises: the rest is logged (once
+        each time the reason changes) and tried again with backoff until it works, `synced` False until
+        then, as the Go EPP stays up and unready.
         """
         if self._started:
             raise RuntimeError("KubernetesDiscovery.start() called twice")
@@ -127,6 +137,41 @@ class KubernetesDiscovery:
         if self._api_client is None:
             self._api_client = await load_client(self._kubeconfig)
             self._own_client = True
+        if not wait_for_pool:
+            try:
+                await self._begin()
+            except BaseException:  # a client made here is closed, whatever went wrong
+                await self._close_client()
+                raise
+            return
+        try:
+            await self._begin()
+        except DiscoveryError as e:
+            log.error("%s; not ready, trying again", e)
+            self._retry_task = asyncio.create_task(self._keep_trying(str(e)))
+
+    @property
+    def synced(self) -> bool:
+        """Whether the pods are known: the pool exists (with a pool) and its pods have been listed."""
+        return self._synced
+
+    async def _keep_trying(self, last: str) -> None:
+        retry_s, most_s = self._reflector.backoff
+        while True:
+            await asyncio.sleep(retry_s)
+            retry_s = min(retry_s * 2, most_s)
+            try:
+                await self._begin()
+            except DiscoveryError as e:
+                if str(e) != last:
+                    last = str(e)
+                    log.error("%s; not ready, trying again", e)
+                continue
+            log.info("%s: found; serving its endpoints", self.source)
+            return
+
+    async def _begin(self) -> None:
+        """The first lists and the watches; on any error, what was started is stopped again."""
         try:
             pool_rv = await self._initial_pool() if self._pool is not None else None
             pod_rv = await self._initial_pods()
@@ -144,27 +189,12 @@ class KubernetesDiscovery:
                 )
                 self._watches.append(watch)
                 await watch.start()
-        except DiscoveryError:
-            await self._close_client()
-            raise
-        except _ApiError as e:
-            await self._close_client()
-            raise DiscoveryError(
-                f"{self.source}: the Kubernetes API server at {self._host} said {e}"
-            ) from None
-        except (aiohttp.ClientError, OSError, TimeoutError) as e:
-            await self._close_client()
-            raise DiscoveryError(
-                f"{self.source}: cannot reach the Kubernetes API server at {self._host}: {_describe(e)}"
-            ) from None
-        except ValueError as e:
-            await self._close_client()
-            raise DiscoveryError(
-                f"{self.source}: {self._host} does not answer as a Kubernetes API server: {_describe(e)}"
-            ) from None
-        except BaseException:  # cancelled, or a bug: still close a client made here
-            await self._close_client()
-            raise
+        except BaseException as e:
+            self._set_synced(False)
+            watches, self._watches = self._watches, []
+            for started in watches:
+                await started.stop()
+            raise self._explained(e) from None
         self._pod_task = asyncio.create_task(
             self._reflector.reflect(self._pods_collection(), pod_rv, self._pods_listed, self._pod_event)
         )
@@ -173,8 +203,30 @@ class KubernetesDiscovery:
                 self._reflector.reflect(self._pool_collection(), pool_rv, self._pool_listed, self._pool_event)
             )
 
+    def _explained(self, e: BaseException) -> BaseException:
+        """A start-up failure as a `DiscoveryError` naming the source and the API server."""
+        if isinstance(e, _ApiError):
+            return DiscoveryError(f"{self.source}: the Kubernetes API server at {self._host} said {e}")
+        if isinstance(e, aiohttp.ClientError | OSError | TimeoutError):
+            return DiscoveryError(
+                f"{self.source}: cannot reach the Kubernetes API server at {self._host}: {_describe(e)}"
+            )
+        if isinstance(e, ValueError) and not isinstance(e, DiscoveryError):
+            return DiscoveryError(
+                f"{self.source}: {self._host} does not answer as a Kubernetes API server: {_describe(e)}"
+            )
+        return e  # a DiscoveryError already, cancelled, or a bug
+
+    def _set_synced(self, synced: bool) -> None:
+        if synced != self._synced:
+            self._synced = synced
+            if self._on_synced is not None:
+                self._on_synced(synced)
+
     async def stop(self) -> None:
         """Stop watching (the datastore keeps what it has) and close a client made by `start()`."""
+        retry_task, self._retry_task = self._retry_task, None
+        await _cancel(retry_task)
         pool_task, self._pool_task = self._pool_task, None
         await _cancel(pool_task)
         watches, self._watches = self._watches, []
@@ -265,6 +317,7 @@ class KubernetesDiscovery:
                 log.info("%s: pod %s changed: %s", self.source, name, _where(pods[name]))
         self._pods = pods
         self._datastore.replace_all(spec for specs in pods.values() for spec in specs)
+        self._set_synced(self._pool is None or self._pool_present)
 
     async def _pod_event(self, kind: str, obj: Json) -> None:
         name, specs, why_not = endpoints_of(obj, self._target)
@@ -317,6 +370,7 @@ class KubernetesDiscovery:
                 )
                 self._pods = {}
                 self._datastore.replace_all(())
+                self._set_synced(False)
             return
         try:
             target = _parse_pool(pool, self.source)

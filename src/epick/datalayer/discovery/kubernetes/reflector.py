@@ -50,6 +50,11 @@ class Reflector:
         )
         self._backoff = backoff_s
 
+    @property
+    def backoff(self) -> tuple[float, float]:
+        """The first and the longest wait before trying again."""
+        return self._backoff
+
     async def reflect(
         self, coll: _Collection, rv: str | None, on_list: ListHandler, on_event: EventHandler
     ) -> None:
