@@ -199,7 +199,7 @@ async def test_a_rotated_certificate_reaches_new_connections_and_old_streams_go_
                 assert await refused(port, old.pem)
 
             # The stream made over the old certificate's connection still carries updates.
-            server.health.set(SERVICE_NAME, NOT_SERVING)
+            server.health.update(draining=True)
             assert (await asyncio.wait_for(watch.read(), 5)).status == NOT_SERVING
             watch.cancel()
         assert server._server is grpc_server

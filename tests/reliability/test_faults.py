@@ -157,7 +157,7 @@ class FakeClock:
 def fake_clock(service: Service) -> FakeClock:
     """Outlier detection and the datastore on a clock the test moves (an ejection ends when told)."""
     clock = FakeClock()
-    service.health.clock = clock
+    service.outliers.clock = clock
     service.datastore.clock = clock
     return clock
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from rich.console import Console
 
 from epick import __version__
-from epick.cli import demo, serve, sim_server, simulate
+from epick.cli import demo, epp, serve, sim_server, simulate
 from epick.cli.explain import dumps, explain, render, replay_history
 from epick.cli.inputs import (
     InputError,
@@ -206,6 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
     examples.set_defaults(func=cmd_examples)
 
     demo.add_parser(sub)
+    sub.add_parser(
+        "epp",
+        add_help=False,
+        help="the Go EPP's command line, probes and lifecycle (also the `epp` command; epp --help)",
+    )
     return parser
 
 
@@ -217,6 +222,9 @@ class _Discard(io.TextIOBase):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["epp"]:  # Go's flag syntax, which argparse would refuse
+        return epp.main(given[1:])
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # as given (serve --workers passes it on)
     try:

@@ -1,5 +1,6 @@
 """`grpc.health.v1.Health` (Check and Watch) on epick's gRPC server: what gateways and Kubernetes' gRPC
-probes ask of the ext_proc and health ports."""
+probes ask of the ext_proc and health ports. (The Go EPP answers Watch UNIMPLEMENTED; epick streams
+each change.)"""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from epick.wire.h2 import Status
 
 log = logging.getLogger(__name__)
 
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+SERVING: int = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING: int = health_pb2.HealthCheckResponse.NOT_SERVING
+SERVICE_UNKNOWN: int = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 CHECK = "/grpc.health.v1.Health/Check"
 WATCH = "/grpc.health.v1.Health/Watch"
 
@@ -34,21 +35,81 @@ def _service(call: Call, message: bytes) -> str | None:
         return None
 
 
+EXT_PROC = "envoy.service.ext_proc.v3.ExternalProcessor"
+LIVENESS = "liveness"
+READINESS = "readiness"
+# The services the Go EPP names with leader election on (cmd/epp/runner/health.go); without it every
+# name, these and any other (GIE's charts probe "inference-extension"), gets the readiness answer.
+KNOWN_SERVICES = ("", LIVENESS, READINESS, EXT_PROC)
+
+
 class HealthService:
-    """Each service's status, as `grpc_health`'s servicer keeps it; "" is the server as a whole."""
+    """What the EPP's health server answers (llm-d-router `cmd/epp/runner/health.go`), from a few facts
+    the service keeps up to date:
+
+    - `synced`: the endpoints are known (the pool has been listed; a static list always is);
+    - `leader`: None without leader election, else whether this replica holds the Lease;
+    - `draining`: stopping (SIGTERM); every readiness answer turns NOT_SERVING at once;
+    - `not_ready`: why the service cannot serve although synced (a pool protocol no parser takes, a
+      plugin not ready), or None.
+
+    Ready is all four agreeing. Without leader election every service name gets the ready answer, except
+    `liveness`, which is SERVING while the process runs (the Go EPP fails it too while unsynced or
+    draining: a pod waiting for its pool is alive, and restarting it fixes nothing). With leader
+    election `liveness` is SERVING, `readiness`, `""` and the ext_proc service are the ready answer, and
+    any other name is SERVICE_UNKNOWN, as upstream's. Each change of the answer is logged once, with why.
+    """
 
     def __init__(self) -> None:
-        self._status: dict[str, int] = {}
+        self.synced = True
+        self.leader: bool | None = None
+        self.draining = False
+        self.not_ready: str | None = None
         self._watchers: dict[str, set[_Watch]] = {}
+        self._said: str | None = None
 
-    def status(self, service: str) -> int | None:
-        return self._status.get(service)
+    @property
+    def ready(self) -> bool:
+        return self.synced and self.leader is not False and not self.draining and self.not_ready is None
 
-    def set(self, service: str, status: int) -> None:
-        """Set a service's status and tell those watching it."""
-        self._status[service] = status
-        for watch in list(self._watchers.get(service, ())):
-            watch.tell(status)
+    def why_not_ready(self) -> str | None:
+        """Why readiness is NOT_SERVING, in words (None when ready)."""
+        reasons = []
+        if not self.synced:
+            reasons.append("the endpoints are not known yet (the pool has not been listed)")
+        if self.leader is False:
+            reasons.append("another replica holds the leader Lease")
+        if self.draining:
+            reasons.append("draining for shutdown")
+        if self.not_ready is not None:
+            reasons.append(self.not_ready)
+        return "; ".join(reasons) or None
+
+    def status(self, service: str) -> int:
+        if service == LIVENESS:
+            return SERVING
+        if self.leader is not None and service not in KNOWN_SERVICES:
+            return SERVICE_UNKNOWN
+        return SERVING if self.ready else NOT_SERVING
+
+    def update(self, **facts: object) -> None:
+        """Set some of the facts (synced, leader, draining, not_ready), log a change of readiness, and
+        tell those watching."""
+        for name, value in facts.items():
+            if name not in ("synced", "leader", "draining", "not_ready"):
+                raise TypeError(f"unknown health fact {name!r}")
+            setattr(self, name, value)
+        said = self.why_not_ready()
+        if said != self._said:
+            if said is None:
+                log.info("ready: serving")
+            else:
+                log.warning("not ready: %s", said)
+            self._said = said
+        for service, watches in self._watchers.items():
+            status = self.status(service)
+            for watch in list(watches):
+                watch.tell(status)
 
     def methods(self) -> dict[str, Method]:
         return {CHECK: lambda call: _Check(self, call), WATCH: lambda call: _Watch(self, call)}
@@ -70,11 +131,7 @@ class _Check:
         if self.service is None:
             self.call.finish(Status.INVALID_ARGUMENT, "Check takes one request; none came")
             return
-        status = self.health.status(self.service)
-        if status is None:
-            self.call.finish(Status.NOT_FOUND, f"unknown service {self.service!r}")
-            return
-        self.call.send(_answer(status))
+        self.call.send(_answer(self.health.status(self.service)))
         self.call.finish()
 
     def cancelled(self) -> None:
@@ -98,8 +155,7 @@ class _Watch:
             return
         self.service = service
         self.health._watchers.setdefault(service, set()).add(self)
-        status = self.health.status(service)
-        self.tell(SERVICE_UNKNOWN if status is None else status)
+        self.tell(self.health.status(service))
 
     def tell(self, status: int) -> None:
         if status != self.last:

@@ -22,19 +22,19 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf.message import DecodeError
 
 from epick.extproc.exchange import Exchange
-from epick.extproc.health import NOT_SERVING, SERVING, HealthService
+from epick.extproc.health import EXT_PROC, HealthService
 from epick.extproc.messages import immediate
 from epick.requestcontrol.admission import evicted_error
 from epick.requestcontrol.director import Director
 from epick.wire.grpc_call import Call, Limits
 from epick.wire.grpc_server import GrpcServer
-from epick.wire.h2 import Status
+from epick.wire.h2 import MESSAGE_BYTES, Status
 
 if TYPE_CHECKING:
     from epick.extproc.tls import CertificateStore  # imported on start: cryptography only when serving
 
 log = logging.getLogger(__name__)
-SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
+SERVICE_NAME = EXT_PROC
 PROCESS = f"/{SERVICE_NAME}/Process"
 
 
@@ -147,6 +147,8 @@ class ExtProcOptions:
     cert_reload: bool = True
     # The health port without TLS even when `secure` (Kubernetes' grpc probes cannot speak TLS).
     health_plaintext: bool = False
+    # The largest gRPC message taken from the gateway (`--grpc-max-recv-msg-size`, gRPC's 4 MiB default).
+    max_message_bytes: int = MESSAGE_BYTES
     # Open ext_proc streams (one per request in flight through the gateway); more are refused with
     # RESOURCE_EXHAUSTED, which a fail-closed gateway answers 5xx. None: no limit.
     max_streams: int | None = 10_000
@@ -160,12 +162,14 @@ class ExtProcOptions:
 
 
 class ExtProcServer:
-    def __init__(self, director: Director, options: ExtProcOptions) -> None:
+    def __init__(
+        self, director: Director, options: ExtProcOptions, health: HealthService | None = None
+    ) -> None:
         self.director = director
         self.options = options
         self.port = options.port
         self.health_port = options.health_port
-        self.health = HealthService()
+        self.health = health or HealthService()
         self.certificates: CertificateStore | None = None  # with TLS: what both ports serve
         self._server: GrpcServer | None = None
         self._health_server: GrpcServer | None = None
@@ -184,7 +188,9 @@ class ExtProcServer:
         director = self.director
         methods = {PROCESS: lambda call: ProcessCall(director, call), **self.health.methods()}
         # Health on the ext_proc port too: a gateway health-checks the cluster it sends ext_proc to.
-        self._server = GrpcServer(methods, Limits(max_streams=options.max_streams))
+        self._server = GrpcServer(
+            methods, Limits(max_streams=options.max_streams, max_message_bytes=options.max_message_bytes)
+        )
         self.port = await self._server.listen(
             options.host, options.port, tls=tls, reuse_port=options.shared_ports
         )
@@ -195,13 +201,10 @@ class ExtProcServer:
             tls=None if options.health_plaintext else tls,
             reuse_port=options.shared_ports,
         )
-        for service in ("", SERVICE_NAME):
-            self.health.set(service, SERVING)
 
     def not_serving(self) -> None:
-        """Stopping: every health service answers NOT_SERVING (a gateway stops sending streams)."""
-        for service in ("", SERVICE_NAME):
-            self.health.set(service, NOT_SERVING)
+        """Stopping: readiness answers NOT_SERVING (a gateway stops sending streams)."""
+        self.health.update(draining=True)
 
     async def stop(self, drain: float = 1.0) -> None:
         """Stop listening; open streams get `drain` seconds (at least one) to finish."""

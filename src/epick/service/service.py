@@ -24,7 +24,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from epick.config import ConfigError, LoadedConfig, LoadOptions, load_config
+from epick.config import ConfigError, LoadedConfig, LoadOptions, load_config, load_config_text
 from epick.datalayer.datastore import Datastore
 from epick.datalayer.discovery.file import FileDiscoveryRunner
 from epick.datalayer.discovery.kubernetes import KubernetesDiscovery
@@ -35,10 +35,12 @@ from epick.datalayer.objectives import Objective
 from epick.datalayer.objectives import priorities as objective_priorities
 from epick.datalayer.rewrites import Rewrite, RewriteError
 from epick.datalayer.scraper import ScraperPool
+from epick.extproc.health import HealthService
 from epick.extproc.server import ExtProcServer
 from epick.proxy.server import Proxy
 from epick.requestcontrol.director import Director
 from epick.requestcontrol.metrics import EppMetrics
+from epick.service.leader import LeaderElector
 from epick.service.rewrites import RewriteSources
 from epick.service.settings import Settings
 
@@ -57,6 +59,14 @@ def load_service_config(settings: Settings, previous: LoadedConfig | None = None
     if settings.metrics_staleness_threshold is not None:
         overrides[UTILIZATION_DETECTOR] = {"metricsStalenessThreshold": settings.metrics_staleness_threshold}
     options = LoadOptions(workers=settings.workers or 1, overrides=overrides)
+    if settings.config_text is not None:
+        return load_config_text(
+            settings.config_text,
+            source="--config-text",
+            seed=settings.seed,
+            previous=previous,
+            options=options,
+        )
     return load_config(settings.config_file, seed=settings.seed, previous=previous, options=options)
 
 
@@ -78,7 +88,7 @@ class Service:
         self.catalog = ModelCatalog(self.datastore)
         self.kv_events = KVEventSubscribers(self.datastore)
         self.metrics.registry.register(KVEventsCollector(self.kv_events))
-        self.health = EndpointHealth(self.datastore, settings.outliers)
+        self.outliers = EndpointHealth(self.datastore, settings.outliers)
         self.rewrites = RewriteSources(settings.model_rewrites_file, settings.rewrites_pool, settings.seed)
         self.director = Director(
             self._prepare(self.config),
@@ -89,13 +99,21 @@ class Service:
             observer=self.metrics,
             flow_observer=self.metrics.flow,
             rewrites=self.rewrites.current(),
-            health=self.health,
+            health=self.outliers,
         )
         self.datastore.subscribe(self.director.endpoint_changed)
         self.proxy = (
             Proxy(self.director, self.datastore, self.catalog, settings.proxy) if settings.proxy else None
         )
-        self.extproc = ExtProcServer(self.director, settings.extproc) if settings.extproc else None
+        # Readiness: synced once the endpoints are known (a static list or a file at once, Kubernetes
+        # when listed), leading when elected (with leader election), not draining.
+        self.health = HealthService()
+        self.health.synced = settings.kubernetes is None
+        self.health.leader = None if settings.leader_election is None else False
+        self.extproc = (
+            ExtProcServer(self.director, settings.extproc, self.health) if settings.extproc else None
+        )
+        self.elector: LeaderElector | None = None
         self._metrics_runner: web.AppRunner | None = None
         self._background: set[asyncio.Task[None]] = set()
         self.discovery = self._discovery()
@@ -123,6 +141,8 @@ class Service:
             kubeconfig=k8s.kubeconfig,
             on_rewrites=self._cluster_rewrites_changed if k8s.pool and k8s.watch_rewrites else None,
             on_objectives=self._cluster_objectives_changed if k8s.pool and k8s.watch_objectives else None,
+            on_synced=lambda synced: self.health.update(synced=synced),
+            pool_group=k8s.pool_group,
         )
 
     def _load(self, previous: LoadedConfig | None = None) -> LoadedConfig:
@@ -201,7 +221,11 @@ class Service:
 
     async def start(self, proxy_socket: socket.socket | None = None) -> None:
         """Start serving; the proxy accepts on `proxy_socket` when given (already listening)."""
-        if self.discovery is not None:
+        if isinstance(self.discovery, KubernetesDiscovery):
+            k8s = self.settings.kubernetes
+            await self.discovery.start(wait_for_pool=k8s is not None and k8s.wait_for_pool)
+            await self._elect()
+        elif self.discovery is not None:
             await self.discovery.start()  # lists first: endpoints are known before anything serves
         await self.scrapers.start()
         await self.kv_events.start(sinks_of(self.director.config.plugins.values()))
@@ -219,6 +243,16 @@ class Service:
                 self._metrics_runner, self.settings.metrics_host, self.settings.metrics_port
             ).start()
 
+    async def _elect(self) -> None:
+        """With leader election: campaign on the discovery's API client (readiness follows)."""
+        lease = self.settings.leader_election
+        if lease is None or not isinstance(self.discovery, KubernetesDiscovery):
+            return
+        self.elector = LeaderElector(
+            self.discovery.api_client, lease, lambda leading: self.health.update(leader=leading)
+        )
+        self.elector.start()
+
     @property
     def metrics_bound_port(self) -> int:
         """The port /metrics listens on (the one asked for, or the one port 0 chose); 0: none."""
@@ -231,11 +265,13 @@ class Service:
         timeout, then close the rest."""
         drain = self.settings.drain_timeout
         fronts: list[Coroutine[Any, Any, None]] = []
+        self.health.update(draining=True)
         if self.extproc is not None:
-            self.extproc.not_serving()
             fronts.append(self.extproc.stop(drain))
         if self.proxy is not None:
             fronts.append(self.proxy.stop(drain))
+        if self.elector is not None:
+            await self.elector.stop()  # released at once: a standby takes over while this one drains
         await asyncio.gather(*fronts)
         await self.director.close()
         await self.kv_events.stop()

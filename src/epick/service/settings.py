@@ -13,6 +13,7 @@ from epick.datalayer.datastore import EndpointSpec
 from epick.datalayer.health import OutlierPolicy
 from epick.extproc.server import ExtProcOptions
 from epick.proxy.server import ProxyOptions
+from epick.service.leader import LeaseSettings
 
 __all__ = ["KubernetesSettings", "Settings", "SettingsError"]
 
@@ -36,6 +37,13 @@ class KubernetesSettings:
     watch_rewrites: bool = True
     # With a pool: watch its InferenceObjectives (objective name -> priority, beside `objectives`).
     watch_objectives: bool = True
+    # A pool or CRD that is missing, or an API server that cannot be reached, at start: False, the
+    # service does not start (`epick serve`); True, it starts unready and tries again (`epp`, as the Go
+    # EPP stays up).
+    wait_for_pool: bool = False
+    # The InferencePool's API group (`--pool-group`); None: inference.networking.k8s.io, then the older
+    # inference.networking.x-k8s.io.
+    pool_group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +56,8 @@ class Settings:
 
     endpoints: tuple[EndpointSpec, ...] = ()
     kubernetes: KubernetesSettings | None = None
-    config_file: str | None = None  # None: the built-in default config
+    config_file: str | None = None  # None: `config_text`, else the built-in default config
+    config_text: str | None = None  # the config itself (`epp --config-text`)
     proxy: ProxyOptions | None = field(default_factory=ProxyOptions)
     extproc: ExtProcOptions | None = None
     metrics_port: int | None = 9090  # epick's own /metrics; None: not served
@@ -75,6 +84,13 @@ class Settings:
     drain_timeout: float = 10.0
     # The log level worker processes set up (a single process leaves logging to its caller).
     log_level: str = "info"
+    log_format: str = "text"  # or "json": zap's JSON lines, as the Go EPP writes them
+    # Honour the gateway's endpoint subset hint (`envoy.lb.subset_hint` metadata): pick only among the
+    # endpoints it names. False: `--disable-endpoint-subset-filter`.
+    subset_filter: bool = True
+    # Active-passive HA (`--ha-enable-leader-election`): readiness is SERVING only on the replica that
+    # holds this Lease. None: no leader election.
+    leader_election: LeaseSettings | None = None
 
     @property
     def body_limit(self) -> int:
@@ -101,6 +117,17 @@ class Settings:
             raise SettingsError(
                 f"the metrics refresh interval must be positive (got {self.refresh_metrics_interval})"
             )
+        if self.leader_election is not None:
+            if k8s is None:
+                raise SettingsError("leader election needs Kubernetes (an InferencePool or a selector)")
+            try:
+                self.leader_election.check()
+            except ValueError as e:
+                raise SettingsError(str(e)) from None
+        if self.config_file and self.config_text:
+            raise SettingsError("give a config file or a config text, not both")
+        if self.log_format not in ("text", "json"):
+            raise SettingsError(f"the log format is text or json (got {self.log_format!r})")
         if self.drain_timeout < 0:
             raise SettingsError(f"the drain timeout cannot be negative (got {self.drain_timeout})")
         if self.workers is not None and self.workers > 1:

@@ -21,6 +21,7 @@ import uvloop
 
 from epick.datalayer.shared import NAME as SHARED_METRICS
 from epick.datalayer.shared import SharedMetrics
+from epick.service.logs import configure_logging
 from epick.service.run import settle_gc, until_stopped
 from epick.service.service import Service
 from epick.service.settings import Settings
@@ -101,9 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(settings, Settings):
         print(f"epick worker: {args.settings} holds no service settings", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    configure_logging(
+        logging.getLevelName(settings.log_level.upper()), json_lines=settings.log_format == "json"
     )
     fds = tuple(int(fd) for fd in args.proxy_fds.split(",") if fd)
     uvloop.run(run_worker(settings, Role(args.index, args.count, args.hub, fds)))

@@ -73,6 +73,7 @@ class KubernetesDiscovery:
         on_rewrites: RewritesHandler | None = None,
         on_objectives: ObjectivesHandler | None = None,
         on_synced: Callable[[bool], None] | None = None,
+        pool_group: str | None = None,
     ) -> None:
         if not namespace:
             raise DiscoveryError("Kubernetes discovery: a namespace is required")
@@ -104,6 +105,12 @@ class KubernetesDiscovery:
         self._on_objectives = on_objectives
         self._watches: list[PoolResourceWatch[Any]] = []
         self._started = False
+        self._pool_versions = [(g, v) for g, v in POOL_API_VERSIONS if pool_group in (None, g)]
+        if not self._pool_versions:
+            groups = ", ".join(g for g, _ in POOL_API_VERSIONS)
+            raise DiscoveryError(
+                f"Kubernetes discovery: InferencePool group {pool_group!r} is not one of {groups}"
+            )
         self._synced = False
         self._on_synced = on_synced
         self._retry_task: asyncio.Task[None] | None = None
@@ -149,6 +156,11 @@ class KubernetesDiscovery:
         except DiscoveryError as e:
             log.error("%s; not ready, trying again", e)
             self._retry_task = asyncio.create_task(self._keep_trying(str(e)))
+
+    @property
+    def api_client(self) -> Any:
+        """The API client (made by `start()` unless one was given)."""
+        return self._api_client
 
     @property
     def synced(self) -> bool:
@@ -250,7 +262,7 @@ class KubernetesDiscovery:
         from kubernetes_asyncio import client
 
         api = client.CustomObjectsApi(self._api_client)
-        for group, version in POOL_API_VERSIONS:
+        for group, version in self._pool_versions:
             try:
                 pool = await self._reflector.get(
                     api.get_namespaced_custom_object, group, version, self._namespace, POOL_PLURAL, self._pool
@@ -264,7 +276,7 @@ class KubernetesDiscovery:
             self._pool_present = True
             log.info("%s (%s/%s): %s", self.source, group, version, _describe_target(self._target))
             return str(_metadata(pool).get("resourceVersion") or "")
-        tried = " and ".join(f"{g}/{v}" for g, v in POOL_API_VERSIONS)
+        tried = " and ".join(f"{g}/{v}" for g, v in self._pool_versions)
         raise DiscoveryError(
             f"InferencePool {self._pool!r} not found in namespace {self._namespace!r} "
             f"(looked in {tried} at {self._host})"

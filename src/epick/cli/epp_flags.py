@@ -1,0 +1,210 @@
+"""The Go EPP's flags: every flag of llm-d-router's `cmd/epp` (at ebab687), the four GIE v1.5.0 flags
+that llm-d-router dropped, controller-runtime's zap flags and `--v`, with upstream's names, kinds and
+defaults (`pkg/epp/server/options.go`, `pkg/common/observability/logging/options.go`, controller-runtime
+`pkg/log/zap/flags.go`); and the few flags that are epick's own.
+
+`HOW` says what `epp` does with each: docs/deploy.md's table is written from it (a test checks they
+agree).
+"""
+
+from __future__ import annotations
+
+from epick.cli.goflags import FlagSpec
+
+__all__ = ["DEPRECATED_METRIC_FLAGS", "EPICK_FLAGS", "FLAGS", "HOW", "UPSTREAM_FLAGS"]
+
+S = 1.0  # a second, for durations
+
+UPSTREAM_FLAGS: tuple[FlagSpec, ...] = (
+    FlagSpec("grpc-port", "int", 9002, "gRPC port used for communicating with Envoy proxy."),
+    FlagSpec(
+        "ha-enable-leader-election",
+        "bool",
+        False,
+        "Enables leader election for high availability. When enabled, readiness probes will only pass "
+        "on the leader.",
+    ),
+    FlagSpec(
+        "drain-timeout",
+        "duration",
+        30 * S,
+        "Graceful shutdown drain window: on SIGTERM, NOT_SERVING and the leader Lease released at once, "
+        "then ext_proc keeps serving for up to this long.",
+    ),
+    FlagSpec(
+        "grpc-max-recv-msg-size", "string", "", "Maximum size of a gRPC message to receive (e.g., 10MiB)."
+    ),
+    FlagSpec("grpc-max-send-msg-size", "string", "", "Maximum size of a gRPC message to send (e.g., 10MiB)."),
+    FlagSpec(
+        "pool-group",
+        "string",
+        "inference.networking.k8s.io",
+        "Kubernetes resource group of the InferencePool this Endpoint Picker is associated with.",
+    ),
+    FlagSpec(
+        "pool-namespace", "string", "", "Namespace of the InferencePool (default: $NAMESPACE, else default)."
+    ),
+    FlagSpec("pool-name", "string", "", "Name of the InferencePool this Endpoint Picker is associated with."),
+    FlagSpec(
+        "endpoint-selector",
+        "string",
+        "",
+        "Selector to filter model server pods on (Kubernetes label selector syntax).",
+    ),
+    FlagSpec(
+        "endpoint-target-ports",
+        "intSlice",
+        (),
+        "Target ports of model server pods: comma-separated numbers without whitespace.",
+    ),
+    FlagSpec(
+        "disable-endpoint-subset-filter",
+        "bool",
+        False,
+        "Disables respecting the destination endpoint subset metadata for dispatching requests.",
+    ),
+    FlagSpec(
+        "emit-endpoint-scores",
+        "bool",
+        False,
+        "Emit the scheduler's per-endpoint scores in dynamic metadata (envoy.lb, "
+        "x-gateway-destination-endpoint-scores).",
+    ),
+    FlagSpec("refresh-metrics-interval", "duration", 0.05, "Interval to refresh metrics."),
+    FlagSpec(
+        "refresh-prometheus-metrics-interval", "duration", 5 * S, "Interval to flush Prometheus metrics."
+    ),
+    FlagSpec(
+        "metrics-staleness-threshold",
+        "duration",
+        2 * S,
+        "Duration after which metrics are considered stale.",
+    ),
+    FlagSpec("total-queued-requests-metric", "string", "vllm:num_requests_waiting", "Deprecated."),
+    FlagSpec("total-running-requests-metric", "string", "vllm:num_requests_running", "Deprecated."),
+    FlagSpec("kv-cache-usage-percentage-metric", "string", "vllm:kv_cache_usage_perc", "Deprecated."),
+    FlagSpec("lora-info-metric", "string", "vllm:lora_requests_info", "Deprecated."),
+    FlagSpec("cache-info-metric", "string", "vllm:cache_config_info", "Deprecated."),
+    FlagSpec("v", "int", 2, "Number for the log level verbosity.", shorthand="v"),
+    FlagSpec("tracing", "bool", True, "Enables emitting traces."),
+    FlagSpec("health-checking", "bool", False, "Enables health checking (on the ext_proc port)."),
+    FlagSpec("metrics-port", "int", 9090, "The metrics port exposed by EPP."),
+    FlagSpec("grpc-health-port", "int", 9003, "The port used for gRPC liveness and readiness probes."),
+    FlagSpec("enable-pprof", "bool", True, "Enables pprof handlers."),
+    FlagSpec(
+        "cert-path",
+        "string",
+        "",
+        "Directory with tls.crt and tls.key for secure serving; self-signed when unset.",
+    ),
+    FlagSpec("enable-cert-reload", "bool", False, "Enables reloading the certificates in --cert-path."),
+    FlagSpec("enable-grpc-stream-metrics", "bool", False, "Enables ext_proc gRPC stream metrics."),
+    FlagSpec("secure-serving", "bool", True, "Enables secure serving."),
+    FlagSpec(
+        "tls-min-version",
+        "string",
+        "",
+        "Minimum TLS version for secure serving (VersionTLS12, VersionTLS13).",
+    ),
+    FlagSpec("tls-cipher-suites", "stringSlice", (), "TLS cipher suites for secure serving (Go names)."),
+    FlagSpec(
+        "metrics-endpoint-auth",
+        "bool",
+        True,
+        "Enables authentication and authorization of the metrics endpoint.",
+    ),
+    FlagSpec(
+        "metrics-client-ca-file", "string", "", "PEM CA for metrics mTLS: require verified client certs."
+    ),
+    FlagSpec(
+        "metrics-cert-dir", "string", "", "Directory with the metrics server certificates (enables TLS)."
+    ),
+    FlagSpec("config-file", "string", "", "The path to the configuration file."),
+    FlagSpec("config-text", "string", "", "The configuration specified as text, in lieu of a file."),
+    FlagSpec("allow-experimental-plugins", "bool", False, "Allows loading of experimental Alpha plugins."),
+    FlagSpec("zap-devel", "bool", True, "Development mode defaults (ignored, as upstream)."),
+    FlagSpec("zap-encoder", "string", "", "Zap log encoding (one of 'json' or 'console')."),
+    FlagSpec("zap-log-level", "string", "", "Zap level: debug, info, error, panic, or an integer > 0."),
+    FlagSpec("zap-stacktrace-level", "string", "", "Zap level at and above which stacktraces are captured."),
+    FlagSpec("zap-time-encoding", "string", "", "Zap time encoding (ignored, as upstream: epoch)."),
+    # GIE v1.5.0's, dropped by llm-d-router (PR #1940); deprecated and hidden there.
+    FlagSpec("model-server-metrics-scheme", "string", "http", "Deprecated (GIE v1.5.0)."),
+    FlagSpec("model-server-metrics-path", "string", "/metrics", "Deprecated (GIE v1.5.0)."),
+    FlagSpec("model-server-metrics-port", "int", 0, "Deprecated (GIE v1.5.0)."),
+    FlagSpec("model-server-metrics-https-insecure-skip-verify", "bool", True, "Deprecated (GIE v1.5.0)."),
+)
+
+EPICK_FLAGS: tuple[FlagSpec, ...] = (
+    FlagSpec(
+        "proxy-port", "int", 0, "epick: also serve the OpenAI-compatible proxy on this port (0: no proxy)."
+    ),
+    FlagSpec(
+        "workers",
+        "int",
+        0,
+        "epick: worker processes (0: the container's CPU limit, at most the config allows; 1 with no limit).",
+    ),
+)
+
+FLAGS = UPSTREAM_FLAGS + EPICK_FLAGS
+
+DEPRECATED_METRIC_FLAGS = (
+    "total-queued-requests-metric",
+    "total-running-requests-metric",
+    "kv-cache-usage-percentage-metric",
+    "lora-info-metric",
+    "cache-info-metric",
+)
+
+# What epp does with each flag: "as upstream", or how it differs.
+HOW: dict[str, str] = {
+    "grpc-port": "as upstream",
+    "ha-enable-leader-election": "as upstream: a Lease named epp-<namespace>-<pool>.llm-d.ai; one worker",
+    "drain-timeout": "as upstream; ext_proc ends early once no stream is open",
+    "grpc-max-recv-msg-size": "as upstream: the largest ext_proc message taken (default 4 MiB)",
+    "grpc-max-send-msg-size": "accepted; epick's answers are small, so no limit is applied",
+    "pool-group": "as upstream: the API group the InferencePool is read from",
+    "pool-namespace": "as upstream",
+    "pool-name": "as upstream",
+    "endpoint-selector": "as upstream",
+    "endpoint-target-ports": "as upstream",
+    "disable-endpoint-subset-filter": "as upstream",
+    "emit-endpoint-scores": "accepted; not emitted yet (a warning says so)",
+    "refresh-metrics-interval": "as upstream (at least 50 ms)",
+    "refresh-prometheus-metrics-interval": "accepted; epick computes the pool gauges when /metrics is read",
+    "metrics-staleness-threshold": "accepted; epick's staleness is the config's (utilization-detector)",
+    "total-queued-requests-metric": "upstream refuses it (exit 1); epick warns and ignores it",
+    "total-running-requests-metric": "upstream refuses it (exit 1); epick warns and ignores it",
+    "kv-cache-usage-percentage-metric": "upstream refuses it (exit 1); epick warns and ignores it",
+    "lora-info-metric": "upstream refuses it (exit 1); epick warns and ignores it",
+    "cache-info-metric": "upstream refuses it (exit 1); epick warns and ignores it",
+    "v": "as upstream: 4 and above logs DEBUG",
+    "tracing": "accepted; no traces yet (a warning says so when asked)",
+    "health-checking": "epick answers health on the ext_proc port always",
+    "metrics-port": "as upstream",
+    "grpc-health-port": "as upstream (plaintext)",
+    "enable-pprof": "accepted; no profiling endpoints yet (a warning says so when asked)",
+    "cert-path": "as upstream",
+    "enable-cert-reload": "as upstream",
+    "enable-grpc-stream-metrics": "accepted; no stream metrics yet (a warning says so)",
+    "secure-serving": "as upstream",
+    "tls-min-version": "accepted; not applied yet (a warning says so)",
+    "tls-cipher-suites": "accepted; not applied yet (a warning says so)",
+    "metrics-endpoint-auth": "accepted; /metrics is not authenticated yet (a warning says so)",
+    "metrics-client-ca-file": "accepted; not applied yet (a warning says so)",
+    "metrics-cert-dir": "accepted; not applied yet (a warning says so)",
+    "config-file": "as upstream",
+    "config-text": "as upstream",
+    "allow-experimental-plugins": "accepted; epick loads every plugin it has",
+    "zap-devel": "ignored, as upstream",
+    "zap-encoder": "json (upstream's only output); console gives text lines",
+    "zap-log-level": "as upstream: overrides --v",
+    "zap-stacktrace-level": "ignored, as upstream",
+    "zap-time-encoding": "ignored, as upstream (epoch seconds)",
+    "model-server-metrics-scheme": "GIE v1.5.0 only; warns and is ignored (the config's data layer says)",
+    "model-server-metrics-path": "GIE v1.5.0 only; warns and is ignored (the config's data layer says)",
+    "model-server-metrics-port": "GIE v1.5.0 only; warns and is ignored (the config's data layer says)",
+    "model-server-metrics-https-insecure-skip-verify": "GIE v1.5.0 only; warns and is ignored",
+    "proxy-port": "epick's own",
+    "workers": "epick's own",
+}
