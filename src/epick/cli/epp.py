@@ -40,6 +40,9 @@ EXIT_INVALID = 1  # the EPP: flags that do not validate, or a failure while runn
 MIN_REFRESH_S = 0.05  # llm-d-router clamps --refresh-metrics-interval up to this
 ALL_ADDRESSES = ""  # every address of every family (asyncio binds 0.0.0.0 and ::)
 DEFAULT_GRPC_MESSAGE_BYTES = 4 * 1024 * 1024
+# While draining: stop once no ext_proc stream has been open this long (the Go EPP always waits out
+# --drain-timeout; an idle replica need not).
+DRAIN_QUIET_S = 2.0
 _DEPLOYMENT_OF_POD = re.compile(r"^(.+)-[a-z0-9]+-[a-z0-9]+$")
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMGTPE]i?|[kmgtpe]|)$")
 _SUFFIX = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
@@ -182,6 +185,7 @@ def settings_from_flags(
             cert_path=flags.text("cert-path") or None,
             cert_reload=flags.boolean("enable-cert-reload"),
             health_plaintext=True,
+            drain_quiet=DRAIN_QUIET_S,
             max_message_bytes=_quantity(flags.text("grpc-max-recv-msg-size"), "grpc-max-recv-msg-size")
             or DEFAULT_GRPC_MESSAGE_BYTES,
         ),
@@ -241,7 +245,13 @@ def _lease(flags: GoFlags, namespace: str, environ: os._Environ[str] | dict[str,
         if match is None:
             raise EppError(f"$POD_NAME {pod!r} is not a Deployment's pod name")
         name = match.group(1)
-    return LeaseSettings(name=f"epp-{namespace}-{name}.llm-d.ai", namespace=namespace)
+    return LeaseSettings(
+        name=f"epp-{namespace}-{name}.llm-d.ai",
+        namespace=namespace,
+        lease_duration=flags.number("lease-duration"),
+        renew_deadline=flags.number("lease-renew-deadline"),
+        retry_period=flags.number("lease-retry-period"),
+    )
 
 
 def _quantity(text: str, flag: str) -> int:
@@ -259,3 +269,7 @@ def _quantity(text: str, flag: str) -> int:
 
 def how(name: str) -> str:
     return HOW[name]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

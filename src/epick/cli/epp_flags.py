@@ -144,6 +144,14 @@ EPICK_FLAGS: tuple[FlagSpec, ...] = (
         0,
         "epick: worker processes (0: the container's CPU limit, at most the config allows; 1 with no limit).",
     ),
+    FlagSpec("lease-duration", "duration", 15 * S, "epick: how long a leader's Lease holds without renewal."),
+    FlagSpec(
+        "lease-renew-deadline",
+        "duration",
+        10 * S,
+        "epick: how long a leader tries to renew before it stops leading.",
+    ),
+    FlagSpec("lease-retry-period", "duration", 2 * S, "epick: how often the Lease is renewed or tried."),
 )
 
 FLAGS = UPSTREAM_FLAGS + EPICK_FLAGS
@@ -207,4 +215,7 @@ HOW: dict[str, str] = {
     "model-server-metrics-https-insecure-skip-verify": "GIE v1.5.0 only; warns and is ignored",
     "proxy-port": "epick's own",
     "workers": "epick's own",
+    "lease-duration": "epick's own (upstream: controller-runtime's 15s, not settable)",
+    "lease-renew-deadline": "epick's own (upstream: controller-runtime's 10s, not settable)",
+    "lease-retry-period": "epick's own (upstream: controller-runtime's 2s, not settable)",
 }

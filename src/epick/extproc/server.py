@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = EXT_PROC
+DRAIN_POLL_S = 0.05
 PROCESS = f"/{SERVICE_NAME}/Process"
 
 
@@ -152,6 +153,10 @@ class ExtProcOptions:
     # Open ext_proc streams (one per request in flight through the gateway); more are refused with
     # RESOURCE_EXHAUSTED, which a fail-closed gateway answers 5xx. None: no limit.
     max_streams: int | None = 10_000
+    # On stop: keep serving, new streams too, until no stream has been open for this long (or the
+    # drain timeout ends), as the Go EPP keeps serving through its drain window: a gateway may send to
+    # this replica until it learns that it is going. 0: stop accepting at once (`epick serve`).
+    drain_quiet: float = 0.0
     # `epick serve --workers`: every worker listens on the ports (SO_REUSEPORT; the kernel spreads
     # Envoy's connections over them), and the supervisor keeps anything else off them.
     shared_ports: bool = False
@@ -207,6 +212,22 @@ class ExtProcServer:
         self.health.update(draining=True)
 
     async def stop(self, drain: float = 1.0) -> None:
-        """Stop listening; open streams get `drain` seconds (at least one) to finish."""
+        """Stop serving within `drain` seconds: first, with `drain_quiet`, go on serving until no stream
+        has been open for that long; then stop listening and let the open streams finish in what is
+        left (at least one second)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + drain
+        quiet = min(self.options.drain_quiet, drain)
+        if quiet > 0 and self._server is not None:
+            idle_since: float | None = None
+            while (now := loop.time()) < deadline:
+                if self._server.open_calls:
+                    idle_since = None
+                elif idle_since is None:
+                    idle_since = now
+                elif now - idle_since >= quiet:
+                    break
+                await asyncio.sleep(DRAIN_POLL_S)
+        grace = max(deadline - loop.time(), 1.0)
         servers = [s for s in (self._server, self._health_server) if s is not None]
-        await asyncio.gather(*(server.stop(grace=max(drain, 1.0)) for server in servers))
+        await asyncio.gather(*(server.stop(grace=grace) for server in servers))

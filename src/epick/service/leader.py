@@ -91,6 +91,8 @@ class LeaderElector:
         self._resource_version: str | None = None
         self._last_renew = 0.0
         self._task: asyncio.Task[None] | None = None
+        # Each call to the API server, as client-go's: half the renew deadline, at least a second.
+        self._timeout = max(settings.renew_deadline / 2, 1.0)
 
     @property
     def holder(self) -> str:
@@ -182,6 +184,7 @@ class LeaderElector:
                     "metadata": {"name": s.name, "namespace": s.namespace},
                     "spec": record,
                 },
+                timeout=self._timeout,
             )
             self._observe(created)
             return True
@@ -198,7 +201,14 @@ class LeaderElector:
         )
         lease["spec"] = record
         updated = await call_json(
-            api.replace_namespaced_custom_object, GROUP, VERSION, s.namespace, PLURAL, s.name, lease
+            api.replace_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            s.namespace,
+            PLURAL,
+            s.name,
+            lease,
+            timeout=self._timeout,
         )
         self._observe(updated)
         return True
@@ -254,7 +264,14 @@ class LeaderElector:
                 "leaseTransitions": int(spec.get("leaseTransitions") or 0),
             }
             await call_json(
-                api.replace_namespaced_custom_object, GROUP, VERSION, s.namespace, PLURAL, s.name, lease
+                api.replace_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                s.namespace,
+                PLURAL,
+                s.name,
+                lease,
+                timeout=self._timeout,
             )
             log.info("Lease %s: released", self._where)
         except Exception as e:  # shutting down: say so and go on

@@ -1,0 +1,132 @@
+"""`epp` run as upstream's charts run the Go EPP: their arguments and environment, the API double as
+the cluster, probed by service name over plaintext gRPC, one request through a real Envoy, JSON logs,
+SIGTERM, a missing pool, and two replicas electing a leader."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from epick.extproc.health import NOT_SERVING, SERVING
+from epick.sim.options import ServerOptions
+from epick.sim.server import IDENTITY_HEADER, SimServer
+from tests.epp.charts import ChartPod, chart_pods
+from tests.epp.running import Envoy, start_epp
+from tests.kubernetes.fake_apiserver import FakeApiServer
+
+PODS = {pod.name: pod for pod in chart_pods()}
+LABELS = {"app": "vllm-qwen3-32b"}
+ZAP_KEYS = {"level", "ts", "logger", "caller", "msg"}
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeApiServer]:
+    server = await FakeApiServer().start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[SimServer]:
+    server = SimServer(ServerOptions(port=0, time_scale=100), 0)
+    await server.start()
+    yield server
+    await server.stop()
+
+
+def pool_name(pod: ChartPod) -> str:
+    return pod.args[pod.args.index("--pool-name") + 1]
+
+
+@pytest.mark.parametrize("name", ["gie-v1.5.0-default", "router-gateway-default"])
+async def test_a_chart_pod_waits_for_its_pool_serves_through_envoy_and_stops_on_sigterm(
+    name: str, fake: FakeApiServer, sim: SimServer, tmp_path: Path
+) -> None:
+    pod = PODS[name]
+    _, probe_service = pod.probe("readiness")
+    epp = start_epp(pod, tmp_path, fake.url)
+    envoy: Envoy | None = None
+    try:
+        # No InferencePool yet: running, unready, trying again.
+        await epp.wait_health(probe_service, NOT_SERVING)
+        assert await epp.health("liveness") == SERVING
+        fake.add_pod("vllm-0", LABELS, "127.0.0.1", namespace=pod.namespace)
+        fake.put_pool(pool_name(pod), LABELS, [sim.port], namespace=pod.namespace)
+        await epp.wait_health(probe_service, SERVING)
+        for service in ("", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
+            assert await epp.health(service) == SERVING
+
+        envoy = Envoy(tmp_path, epp.grpc_port)
+        await envoy.wait_ready()
+        async with aiohttp.ClientSession() as session:
+            body = {"model": "sim-model", "prompt": "hello", "max_tokens": 2}
+            async with session.post(f"{envoy.url}/v1/completions", json=body) as r:
+                assert r.status == 200, await r.text()
+                assert r.headers[IDENTITY_HEADER] == sim.name
+            async with session.get(f"http://127.0.0.1:{epp.metrics_port}/metrics") as r:
+                assert r.status == 200
+                assert "inference_pool_ready_pods" in await r.text()
+
+        # The pool is deleted: readiness turns NOT_SERVING, the process stays.
+        fake.delete_pool(pool_name(pod), namespace=pod.namespace)
+        await epp.wait_health(probe_service, NOT_SERVING)
+        assert epp.proc.poll() is None
+
+        took = await epp.terminate()
+        assert epp.proc.returncode == 0
+        assert took < 10  # idle: the drain ends once no stream is open (the grace period is 130 s)
+        lines = epp.log_lines()  # every line is JSON
+        assert lines and all(line.keys() >= ZAP_KEYS for line in lines)
+        messages = [line["msg"] for line in lines]
+        assert any("not found" in m and pool_name(pod) in m for m in messages)
+        assert any(m.startswith("not ready: ") for m in messages)
+    finally:
+        if envoy is not None:
+            envoy.stop()
+        epp.kill()
+
+
+async def test_two_replicas_elect_one_leader_and_the_standby_takes_over_when_it_is_killed(
+    fake: FakeApiServer, sim: SimServer, tmp_path: Path
+) -> None:
+    pod = PODS["gie-v1.5.0-replicas2"]
+    assert "--ha-enable-leader-election" in pod.args and pod.probe("readiness")[1] == "readiness"
+    fake.add_pod("vllm-0", LABELS, "127.0.0.1", namespace=pod.namespace)
+    fake.put_pool(pool_name(pod), LABELS, [sim.port], namespace=pod.namespace)
+    fast = ["--lease-duration=2s", "--lease-renew-deadline=1s", "--lease-retry-period=100ms"]
+    replicas = [start_epp(pod, tmp_path, fake.url, extra=fast, tag=str(i)) for i in range(2)]
+    lease_name = f"epp-{pod.namespace}-{pool_name(pod)}.llm-d.ai"
+    try:
+        for epp in replicas:
+            await epp.wait_health("liveness", SERVING)
+        # exactly one is ready: the Lease holder
+        for _ in range(200):
+            ready = [await epp.health("readiness") == SERVING for epp in replicas]
+            if sum(ready) == 1:
+                break
+            await _pause()
+        assert sum(ready) == 1, ready
+        leader, standby = (replicas[0], replicas[1]) if ready[0] else (replicas[1], replicas[0])
+        assert await standby.health("") == NOT_SERVING
+        assert await standby.health("inference-extension") == 1 + 2  # SERVICE_UNKNOWN, as upstream
+        lease = fake.lease(lease_name, namespace=pod.namespace)
+        assert lease is not None and lease["spec"]["leaseDurationSeconds"] == 2
+
+        leader.kill()  # SIGKILL: no release; the standby waits the Lease out
+        await standby.wait_health("readiness", SERVING, timeout=15)
+        took = await standby.terminate()
+        assert standby.proc.returncode == 0 and took < 10
+        released = fake.lease(lease_name, namespace=pod.namespace)
+        assert released is not None and released["spec"]["holderIdentity"] == ""
+    finally:
+        for epp in replicas:
+            epp.kill()
+
+
+async def _pause() -> None:
+    import asyncio
+
+    await asyncio.sleep(0.05)
