@@ -149,7 +149,7 @@ async def test_a_client_that_disconnects_leaves_the_queue_at_once(
     assert (await first)[1] == 200
     assert served_order(fake) == ["A"]
     metrics = service.metrics.registry.get_sample_value(
-        "inference_extension_flow_control_requests_total",
+        "llm_d_epp_flow_control_requests_total",
         {"outcome": "EvictedContextCancelled", "priority": "0", "inference_pool": service.settings.pool_name},
     )
     assert metrics == 1.0

@@ -137,7 +137,12 @@ async def test_service_metrics_endpoint(make_sim: MakeSim, http: aiohttp.ClientS
     }
     assert samples[("inference_pool_ready_pods", (("name", "my-pool"),))] == 2
     assert (
-        samples[("inference_objective_request_total", (("model_name", MODEL), ("target_model_name", MODEL)))]
+        samples[
+            (
+                "inference_objective_request_total",
+                (("model_name", MODEL), ("priority", "0"), ("target_model_name", MODEL)),
+            )
+        ]
         == 3
     )
     assert samples[("inference_extension_scheduler_e2e_duration_seconds_count", ())] == 3

@@ -143,9 +143,14 @@ def test_error_counter_by_code() -> None:
     assert s.value(err, model_name="nope", target_model_name="nope", error_code="model_not_found") == 1
     assert s.value(err, model_name="m", target_model_name="m", error_code="shed") == 1
     assert s.value(err, model_name="m", target_model_name="m", error_code="no_endpoints") == 2
-    # Requests refused by admission or scheduling still count as requests; an unknown model does not.
-    assert s.value("inference_objective_request_total", model_name="m", target_model_name="m") == 3
+    # As upstream: a request counts once decided; refused ones count only as errors.
+    assert s.value("inference_objective_request_total", model_name="m", target_model_name="m") == 0
     assert s.value("inference_objective_request_total", model_name="nope", target_model_name="nope") == 0
+    new = "llm_d_epp_request_error_total"
+    assert s.value(new, model_name="m", fairness_id="default-flow", priority="-1", error_code="shed") == 1
+    assert (
+        s.value(new, model_name="m", fairness_id="default-flow", priority="0", error_code="no_endpoints") == 2
+    )
 
 
 def test_rewrite_counts_the_incoming_and_target_model() -> None:
@@ -173,22 +178,25 @@ def test_pool_gauges_follow_the_datastore() -> None:
     assert s.value("inference_pool_average_queue_size", name=POOL) == 0
 
 
-def test_prefix_indexer_gauges() -> None:
+def test_prefix_indexer_families_as_upstream() -> None:
     d, metrics, _ = setup()
-    assert (
-        Scrape(metrics).value(
-            "inference_extension_prefix_indexer_size", plugin="prefix-cache-scorer/prefix-cache-scorer"
-        )
-        == 0
-    )
+    plugin = {"plugin_name": "prefix-cache-scorer", "plugin_type": "prefix-cache-scorer"}
+    assert Scrape(metrics).value("llm_d_epp_prefix_indexer_size", **plugin) == 0
     prompt = "The same long system prompt, again and again. " * 10
     first = d.decide(body(prompt=prompt), {}, "/v1/completions")
     second = d.decide(body(prompt=prompt), {}, "/v1/completions")
     assert first.targets[0].name == second.targets[0].name
     s = Scrape(metrics)
-    label = {"plugin": "prefix-cache-scorer/prefix-cache-scorer"}
-    assert s.value("inference_extension_prefix_indexer_size", **label) > 0
-    assert s.value("inference_extension_prefix_indexer_hit_ratio", **label) == pytest.approx(0.5)
+    size = s.value("llm_d_epp_prefix_indexer_size", **plugin)
+    assert size > 0 and s.value("inference_extension_prefix_indexer_size") == size
+    # a histogram per request: the first found nothing, the second everything
+    for name in ("llm_d_epp_prefix_indexer_hit_ratio", "inference_extension_prefix_indexer_hit_ratio"):
+        labels = plugin if name.startswith("llm_d") else {}
+        assert s.value(f"{name}_count", **labels) == 2
+        assert s.value(f"{name}_bucket", le="0.0", **labels) == 1
+        assert s.value(f"{name}_sum", **labels) == pytest.approx(1.0)
+    assert s.value("llm_d_epp_prefix_indexer_hit_bytes_count", **plugin) == 2
+    assert s.value("llm_d_epp_prefix_indexer_hit_bytes_sum", **plugin) > 0
 
 
 def test_precise_index_metrics_when_enabled() -> None:
@@ -214,10 +222,11 @@ def test_precise_index_metrics_when_enabled() -> None:
     request.body.set_tokenized(TokenizedPrompt((tokens,)))
     producer.produce(request, CycleState(), [make_endpoint("a", address="10.0.0.1", port=8000)])
     text = generate_latest(EppMetrics(POOL, Datastore(), lambda: on).registry).decode()
-    plugin = "precise-prefix-cache-producer/precise-prefix-cache-producer"
-    assert f'llm_d_epp_kv_cache_index_admissions_total{{plugin="{plugin}"}} 2.0' in text
+    assert "llm_d_epp_kv_cache_index_admissions_total 2.0" in text
+    assert "kvcache_index_admissions_total 2.0" in text  # the deprecated twin
     assert "llm_d_epp_kv_cache_index_lookup_requests_total" in text and "lookup_hits_total" in text
-    assert "llm_d_epp_kv_cache_index_keys" in text
+    plugin = 'plugin_name="precise-prefix-cache-producer",plugin_type="precise-prefix-cache-producer"'
+    assert f"epick_kv_cache_index_keys{{{plugin}}}" in text
     quiet = generate_latest(EppMetrics(POOL, Datastore(), lambda: off).registry).decode()
     assert "llm_d_epp_kv_cache_index" not in quiet
 
@@ -249,26 +258,30 @@ def test_predicted_latency_metrics_compare_predictions_with_responses() -> None:
         request, Response(request.request_id, end_of_stream=True, usage=Usage(1, 51)), a
     )
     s = Scrape(EppMetrics(POOL, Datastore(), lambda: config))
-    ttft = {"plugin": "predicted-latency-producer/predicted-latency-producer", "target": "ttft"}
+    ttft = {
+        "plugin_name": "predicted-latency-producer",
+        "plugin_type": "predicted-latency-producer",
+        "target": "ttft",
+    }
     tpot = {**ttft, "target": "tpot"}
-    assert s.value("llm_d_epp_predicted_latency_responses_total", **ttft) == 1.0
-    assert s.value("llm_d_epp_predicted_latency_actual_milliseconds_total", **ttft) == pytest.approx(250.0)
-    predicted = s.value("llm_d_epp_predicted_latency_predicted_milliseconds_total", **ttft)
-    assert s.value("llm_d_epp_predicted_latency_absolute_error_milliseconds_total", **ttft) == pytest.approx(
+    assert s.value("epick_predicted_latency_responses_total", **ttft) == 1.0
+    assert s.value("epick_predicted_latency_actual_milliseconds_total", **ttft) == pytest.approx(250.0)
+    predicted = s.value("epick_predicted_latency_predicted_milliseconds_total", **ttft)
+    assert s.value("epick_predicted_latency_absolute_error_milliseconds_total", **ttft) == pytest.approx(
         250.0 - predicted
     )
-    assert s.value("llm_d_epp_predicted_latency_objective_misses_total", **ttft) == 1.0
-    assert s.value("llm_d_epp_predicted_latency_actual_milliseconds_total", **tpot) == pytest.approx(10.0)
-    assert s.value("llm_d_epp_predicted_latency_learned", **ttft) == 0.0
-    assert s.value("llm_d_epp_predicted_latency_model_fits_total", **ttft) == 0.0
+    assert s.value("epick_predicted_latency_objective_misses_total", **ttft) == 1.0
+    assert s.value("epick_predicted_latency_actual_milliseconds_total", **tpot) == pytest.approx(10.0)
+    assert s.value("epick_predicted_latency_learned", **ttft) == 0.0
+    assert s.value("epick_predicted_latency_model_fits_total", **ttft) == 0.0
 
 
-def test_any_plugin_that_exports_metrics_is_on_the_page_with_its_plugin_label() -> None:
+def test_any_plugin_that_exports_metrics_is_on_the_page_with_its_plugin_labels() -> None:
     """An out-of-tree plugin's samples reach /metrics the same way as the in-tree ones'."""
     from prometheus_client import CollectorRegistry
 
     from epick.framework import MetricSample, NamedPlugin
-    from epick.requestcontrol.metrics import plugin_metrics
+    from epick.requestcontrol.plugin_metrics import plugin_metrics
 
     class Counting(NamedPlugin):
         plugin_type = "counting-scorer"
@@ -289,7 +302,8 @@ def test_any_plugin_that_exports_metrics_is_on_the_page_with_its_plugin_label() 
     registry = CollectorRegistry()
     registry.register(Collect([Counting("a"), Counting("b"), object()]))  # type: ignore[arg-type]
     page = generate_latest(registry).decode()
-    assert 'my_plugin_calls_total{kind="score",plugin="a/counting-scorer"} 3.0' in page
-    assert 'my_plugin_calls_total{kind="score",plugin="b/counting-scorer"} 3.0' in page
-    assert 'my_plugin_depth{plugin="b/counting-scorer"} 0.5' in page
-    assert "# TYPE inference_extension_prefix_indexer_size gauge" in page  # GIE's, always there
+    a = 'plugin_name="a",plugin_type="counting-scorer"'
+    b = 'plugin_name="b",plugin_type="counting-scorer"'
+    assert f'my_plugin_calls_total{{kind="score",{a}}} 3.0' in page
+    assert f'my_plugin_calls_total{{kind="score",{b}}} 3.0' in page
+    assert f"my_plugin_depth{{{b}}} 0.5" in page

@@ -58,7 +58,6 @@ NOT_YET = {
     "metrics-client-ca-file": "epick serves /metrics without TLS",
     "tls-min-version": "epick's TLS takes TLS 1.2 and 1.3 (Python's defaults)",
     "tls-cipher-suites": "epick's TLS uses Python's default cipher suites",
-    "enable-grpc-stream-metrics": "epick has no ext_proc stream metrics yet",
     "emit-endpoint-scores": "epick does not emit the endpoint scores in dynamic metadata yet",
 }
 # Of those, the ones upstream turns on by default: warned about unless turned off.
@@ -186,6 +185,7 @@ def settings_from_flags(
             cert_reload=flags.boolean("enable-cert-reload"),
             health_plaintext=True,
             drain_quiet=DRAIN_QUIET_S,
+            stream_metrics=flags.boolean("enable-grpc-stream-metrics"),
             max_message_bytes=_quantity(flags.text("grpc-max-recv-msg-size"), "grpc-max-recv-msg-size")
             or DEFAULT_GRPC_MESSAGE_BYTES,
         ),

@@ -194,7 +194,7 @@ HOW: dict[str, str] = {
     "enable-pprof": "accepted; no profiling endpoints yet (a warning says so when asked)",
     "cert-path": "as upstream",
     "enable-cert-reload": "as upstream",
-    "enable-grpc-stream-metrics": "accepted; no stream metrics yet (a warning says so)",
+    "enable-grpc-stream-metrics": "as upstream",
     "secure-serving": "as upstream",
     "tls-min-version": "accepted; not applied yet (a warning says so)",
     "tls-cipher-suites": "accepted; not applied yet (a warning says so)",

@@ -313,7 +313,7 @@ def sinks_of(plugins: Iterable[Any]) -> list[KVEventSink]:
 
 class KVEventsCollector(Collector):
     """llm-d-router's KV-event metrics (pkg/kvcache/metrics), from the subscribers' and trackers'
-    counts at scrape time; `kv_cache_events_sequence_gaps_total` is epick's."""
+    counts at scrape time; `epick_kv_cache_events_sequence_gaps_total` is epick's own."""
 
     def __init__(self, subscribers: KVEventSubscribers) -> None:
         self.subscribers = subscribers
@@ -340,7 +340,9 @@ class KVEventsCollector(Collector):
             errors.add_metric([pod, "decode"], float(n))
         yield errors
         gaps = CounterMetricFamily(
-            f"{prefix}_sequence_gaps", "Sequence-number gaps (missed messages).", labels=["pod_identifier"]
+            "epick_kv_cache_events_sequence_gaps",
+            "Sequence-number gaps (missed messages).",
+            labels=["pod_identifier"],
         )
         for pod, n in stats.gaps_by.items():
             gaps.add_metric([pod], float(n))

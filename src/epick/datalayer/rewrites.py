@@ -74,8 +74,8 @@ class ModelRewrites:
 
     rewrites: tuple[Rewrite, ...] = ()
     rng: random.Random = field(default_factory=random.Random)
-    _exact: dict[str, Rule] = field(init=False, repr=False)
-    _generic: Rule | None = field(init=False, repr=False)
+    _exact: dict[str, tuple[str, Rule]] = field(init=False, repr=False)
+    _generic: tuple[str, Rule] | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._exact = {}
@@ -85,14 +85,22 @@ class ModelRewrites:
             for rule in rewrite.rules:
                 if not rule.models:
                     if self._generic is None:
-                        self._generic = rule
+                        self._generic = (rewrite.name, rule)
                     continue
                 for model in rule.models:
-                    self._exact.setdefault(model, rule)
+                    self._exact.setdefault(model, (rewrite.name, rule))
 
     def target_model(self, model: str) -> str | None:
-        rule = self._exact.get(model) or self._generic
-        return rule.choose(self.rng) if rule is not None else None
+        chosen = self.rewrite(model)
+        return chosen[1] if chosen is not None else None
+
+    def rewrite(self, model: str) -> tuple[str, str] | None:
+        """The rewrite that matches `model` (the resource's name) and the model it chose, or None."""
+        found = self._exact.get(model) or self._generic
+        if found is None:
+            return None
+        name, rule = found
+        return name, rule.choose(self.rng)
 
     def __len__(self) -> int:
         return len(self.rewrites)

@@ -65,6 +65,22 @@ def _tls(target: PollTarget) -> ssl.SSLContext | None:
     return _TLS[key]
 
 
+class ScrapeErrors:
+    """Failed scrapes, as upstream counts them: a poll that got no usable answer, by source type, and
+    an answer an extractor could not read, by source and extractor type."""
+
+    def __init__(self) -> None:
+        self.poll: dict[str, int] = {}
+        self.extract: dict[tuple[str, str], int] = {}
+
+    def polled(self, source: str) -> None:
+        self.poll[source] = self.poll.get(source, 0) + 1
+
+    def extracted(self, source: str, extractor: str) -> None:
+        key = (source, extractor)
+        self.extract[key] = self.extract.get(key, 0) + 1
+
+
 class Scraper:
     def __init__(
         self,
@@ -77,6 +93,7 @@ class Scraper:
         polled: PolledSource,
         share: tuple[int, int] | None = None,
         on_failure: Callable[[str], None] | None = None,
+        errors: ScrapeErrors | None = None,
     ) -> None:
         """`share` = (k, n): scrape in the k-th of every n intervals (the workers' turns);
         `on_failure` hears the endpoint's name after each failed scrape of its core metrics."""
@@ -114,6 +131,7 @@ class Scraper:
         self.unhealthy_after = unhealthy_after
         self.share = share
         self.on_failure = on_failure
+        self.errors = errors or ScrapeErrors()
         self.last_error: str | None = None
         self.scrapes = 0
         self.failures = 0
@@ -134,6 +152,7 @@ class Scraper:
 
     async def scrape_once(self) -> None:
         started = time.time()
+        extractor: str | None = None  # set once an answer came: what failed then is its reading
         try:
             if self.setup_error is not None or self.client is None:
                 raise ExtractError(self.setup_error or "no client")
@@ -141,12 +160,17 @@ class Scraper:
             if status != 200:
                 raise ExtractError(f"HTTP {status}")
             payload: str | object = text
+            source = self.polled.source.typed_name.type
             if self.polled.source.payload == "json":
+                extractor = source
                 try:
                     payload = json.loads(text)
                 except ValueError as e:
                     raise ExtractError(f"not JSON: {e}") from None
-            results = [e.extract(payload, self.endpoint, started) for e in self.polled.extractors]
+            results = []
+            for each in self.polled.extractors:
+                extractor = each.typed_name.type
+                results.append(each.extract(payload, self.endpoint, started))
         except (
             TimeoutError,
             OSError,
@@ -158,6 +182,11 @@ class Scraper:
             OverflowError,
         ) as e:
             self.failures += 1
+            source = self.polled.source.typed_name.type
+            if extractor is None:
+                self.errors.polled(source)
+            else:
+                self.errors.extracted(source, extractor)
             self.failed()
             if self.drives_health and self.on_failure is not None:
                 self.on_failure(self.spec.name)
@@ -240,6 +269,7 @@ class ScraperPool:
     ) -> None:
         """`plan`: the config's data layer (`LoadedConfig.data_layer`), defaults injected."""
         self.datastore = datastore
+        self.errors = ScrapeErrors()  # every scraper's failures
         self.interval = interval
         self.timeout = timeout
         self.plan = plan
@@ -309,6 +339,7 @@ class ScraperPool:
                 polled=polled,
                 share=self.share if _shared_whole(polled) else None,
                 on_failure=self._failed,
+                errors=self.errors,
             )
             for polled in self.plan.polled
         ]

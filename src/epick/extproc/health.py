@@ -103,6 +103,8 @@ class HealthService:
         if said != self._said:
             if said is None:
                 log.info("ready: serving")
+            elif self.draining:
+                log.info("not ready: %s", said)  # stopping, as asked
             else:
                 log.warning("not ready: %s", said)
             self._said = said

@@ -24,6 +24,7 @@ from google.protobuf.message import DecodeError
 from epick.extproc.exchange import Exchange
 from epick.extproc.health import EXT_PROC, HealthService
 from epick.extproc.messages import immediate
+from epick.extproc.stream_metrics import StreamMetrics
 from epick.requestcontrol.admission import evicted_error
 from epick.requestcontrol.director import Director
 from epick.wire.grpc_call import Call, Limits
@@ -43,10 +44,12 @@ class ProcessCall:
     """One ext_proc stream: each of Envoy's messages is handled as it comes and answered at once; a
     routing that waits (flow control, a tokenizer) holds the stream's later messages until it is done."""
 
-    __slots__ = ("_held", "_watching", "admission", "call", "ended_by_envoy", "exchange")
+    __slots__ = ("_held", "_opened", "_stats", "_watching", "admission", "call", "ended_by_envoy", "exchange")
 
-    def __init__(self, director: Director, call: Call) -> None:
+    def __init__(self, director: Director, call: Call, stats: StreamMetrics | None = None) -> None:
         self.call = call
+        self._stats = stats
+        self._opened = stats.opened() if stats is not None else 0.0
         self.exchange = Exchange(director)
         self._held: list[bytes] | None = None  # not None while an admission is pending
         self._watching = False  # registered for flow control's eviction
@@ -117,6 +120,9 @@ class ProcessCall:
         self._end()
 
     def _end(self, status: Status = Status.OK, details: str = "") -> None:
+        if self._stats is not None:
+            self._stats.closed(self._opened, status)
+            self._stats = None  # counted once
         self.call.finish(status, details)
         self.exchange.abandon()
 
@@ -127,6 +133,9 @@ class ProcessCall:
             self._end()
 
     def cancelled(self) -> None:
+        if self._stats is not None:
+            self._stats.closed(self._opened, Status.CANCELLED)
+            self._stats = None
         if self.admission is not None:
             self.admission.cancel()
         self.exchange.abandon()
@@ -157,6 +166,8 @@ class ExtProcOptions:
     # drain timeout ends), as the Go EPP keeps serving through its drain window: a gateway may send to
     # this replica until it learns that it is going. 0: stop accepting at once (`epick serve`).
     drain_quiet: float = 0.0
+    # The ext_proc stream metrics (`--enable-grpc-stream-metrics`).
+    stream_metrics: bool = False
     # `epick serve --workers`: every worker listens on the ports (SO_REUSEPORT; the kernel spreads
     # Envoy's connections over them), and the supervisor keeps anything else off them.
     shared_ports: bool = False
@@ -175,6 +186,7 @@ class ExtProcServer:
         self.port = options.port
         self.health_port = options.health_port
         self.health = health or HealthService()
+        self.stream_metrics = StreamMetrics() if options.stream_metrics else None
         self.certificates: CertificateStore | None = None  # with TLS: what both ports serve
         self._server: GrpcServer | None = None
         self._health_server: GrpcServer | None = None
@@ -191,7 +203,8 @@ class ExtProcServer:
         self.certificates = store
         tls = ServerContexts(store).context() if store is not None else None
         director = self.director
-        methods = {PROCESS: lambda call: ProcessCall(director, call), **self.health.methods()}
+        stats = self.stream_metrics
+        methods = {PROCESS: lambda call: ProcessCall(director, call, stats), **self.health.methods()}
         # Health on the ext_proc port too: a gateway health-checks the cluster it sends ext_proc to.
         self._server = GrpcServer(
             methods, Limits(max_streams=options.max_streams, max_message_bytes=options.max_message_bytes)

@@ -22,6 +22,7 @@ The director makes a `RequestCycle` per request (`Director.begin` from a body an
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from epick.framework import (
@@ -34,7 +35,7 @@ from epick.framework import (
 from epick.framework.flowcontrol import fairness_id
 from epick.requestcontrol.admission import EvictionSignal
 from epick.requestcontrol.errors import RequestError
-from epick.requestcontrol.path import safely
+from epick.requestcontrol.path import Completion, RequestLabels, safely
 from epick.requestcontrol.usage import UsageReader
 
 if TYPE_CHECKING:
@@ -52,6 +53,12 @@ class RequestCycle:
 
     __slots__ = (
         "_completed",
+        "_counted",
+        "_first_chunk",
+        "_handling",
+        "_labels",
+        "_last_chunk",
+        "_response_bytes",
         "body",
         "client_model",
         "cycle_state",
@@ -59,6 +66,7 @@ class RequestCycle:
         "eviction",
         "request",
         "result",
+        "started",
         "usage",
     )
 
@@ -80,6 +88,16 @@ class RequestCycle:
         # Flow control may evict it while in flight (enableEviction): how the front end hears of it.
         self.eviction: EvictionSignal | None = None
         self._completed = False
+        # For metrics: when the request arrived (the director's clock), whether it was counted as
+        # decided (and running), when its response's first and latest chunks came, its size, and the
+        # time spent handling the response.
+        self.started = director.clock()
+        self._counted = False
+        self._labels: RequestLabels | None = None
+        self._first_chunk: float | None = None
+        self._last_chunk: float | None = None
+        self._response_bytes = 0
+        self._handling = 0.0
 
     # --- the decision --------------------------------------------------------------------------
 
@@ -103,6 +121,35 @@ class RequestCycle:
             self.cycle_state = self.director.path.read_headers(self.request)
         return self.cycle_state
 
+    @property
+    def labels(self) -> RequestLabels:
+        """The request's metric labels: client model, model served, fairness id, priority."""
+        if self._labels is None:
+            request = self.request
+            self._labels = (
+                self.client_model,
+                request.target_model,
+                fairness_id(request, self.cycle_state),
+                str(request.priority),
+            )
+        return self._labels
+
+    def _decided(self, result: SchedulingResult) -> SchedulingResult:
+        """A decision: counted (once) and running, the request phase's end observed."""
+        self.result = result
+        if not self._counted and result.targets:
+            self._counted = True
+            observer = self.director.observer
+            observer.request(self.labels, self.request.size)
+            observer.running(self.labels, 1)
+            observer.request_phase(self.director.clock() - self.started)
+        return result
+
+    def _refused(self, error: RequestError) -> None:
+        observer = self.director.observer
+        observer.error(self.labels, error.code)
+        observer.request_phase(self.director.clock() - self.started)
+
     def fairness_id(self) -> str:
         """The request's flow for flow control: its fairness header, else the agent identity a
         header processor found, else "default-flow"."""
@@ -118,11 +165,10 @@ class RequestCycle:
         candidates = director.candidates()
         try:
             director.path.shed(self.request, candidates)
-            self.result = director.path.decide_admitted(self.request, cycle_state, candidates)
+            return self._decided(director.path.decide_admitted(self.request, cycle_state, candidates))
         except RequestError as e:
-            director.observer.error(self.client_model, self.request.target_model, e.code)
+            self._refused(e)
             raise
-        return self.result
 
     async def admit(self) -> SchedulingResult:
         """`decide`, after what must be awaited first: a model server's tokens (when a token
@@ -143,7 +189,7 @@ class RequestCycle:
                 self.request, self.fairness_id(), self.dispatched, on_abandoned=lambda _: self.abandon()
             )
         except RequestError as e:
-            director.observer.error(self.client_model, self.request.target_model, e.code)
+            self._refused(e)
             raise
 
     def dispatched(self, *, evictable: bool = True) -> SchedulingResult:
@@ -152,7 +198,7 @@ class RequestCycle:
         director = self.director
         if director.before_schedule is not None:
             director.before_schedule()
-        self.result = director.path.decide_admitted(self.request, self.enter(), director.candidates())
+        self._decided(director.path.decide_admitted(self.request, self.enter(), director.candidates()))
         admission = director.admission
         if evictable and admission is not None and self.result.targets:
             self.eviction = admission.evictable(self.request, self.result.targets[0])
@@ -165,8 +211,7 @@ class RequestCycle:
         if director.before_schedule is not None:
             director.before_schedule()
         candidates = tuple(ep for ep in director.candidates() if ep.name not in exclude)
-        self.result = director.path.decide(self.request, candidates)
-        return self.result
+        return self._decided(director.path.decide(self.request, candidates))
 
     def abandon(self) -> None:
         """The request will never be dispatched (its client left): release what it holds."""
@@ -191,6 +236,7 @@ class RequestCycle:
 
     def received(self, response: Response, endpoint: Endpoint) -> None:
         """The response's status and headers (for an attempt: a retry may receive again)."""
+        began = time.perf_counter()
         director = self.director
         if director.health is not None and response.status:
             director.health.answered(endpoint.name, response.status)
@@ -198,13 +244,25 @@ class RequestCycle:
             self.usage.start(response)
         for hook in director.config.hooks.response_received:
             safely(hook.response_received, self.request, response, endpoint)
+        self._handling += time.perf_counter() - began
 
     def streamed(self, response: Response, endpoint: Endpoint) -> None:
         """A chunk of the response (`response.chunk`)."""
+        began = time.perf_counter()
+        chunk = response.chunk
+        if chunk:
+            now = self.director.clock()
+            if self._first_chunk is None:
+                self._first_chunk = now
+            elif self.request.body.stream and self._last_chunk is not None:
+                self.director.observer.chunk_gap(self.labels, now - self._last_chunk)
+            self._last_chunk = now
+            self._response_bytes += len(chunk)
         if self.usage is not None:
             self.usage.feed(response)
         for hook in self.director.config.hooks.response_streaming:
             safely(hook.response_streaming, self.request, response, endpoint)
+        self._handling += time.perf_counter() - began
 
     def completed(self, response: Response, endpoint: Endpoint, *, dispatch_waiting: bool = True) -> None:
         """The response ended, or the request did (once: a second report is ignored); the hooks
@@ -213,13 +271,29 @@ class RequestCycle:
         if self._completed:
             return
         self._completed = True
+        began = time.perf_counter()
         director = self.director
         if self.usage is not None:
             self.usage.finish(response)
-            if response.usage is not None:
-                director.observer.usage(self.client_model, self.request.target_model, response.usage)
         for hook in director.config.hooks.response_complete:
             safely(hook.response_complete, self.request, response, endpoint)
+        if self._counted:
+            now = director.clock()
+            observer = director.observer
+            observer.running(self.labels, -1)
+            if not response.error:
+                first = self._first_chunk
+                observer.completed(
+                    self.labels,
+                    Completion(
+                        duration=now - self.started,
+                        first_chunk=None if first is None else first - self.started,
+                        response_bytes=self._response_bytes,
+                        usage=response.usage,
+                        streaming=self.request.body.stream,
+                        handling=self._handling + time.perf_counter() - began,
+                    ),
+                )
         if self.eviction is not None:
             self.eviction.release()
         if dispatch_waiting and director.admission is not None:

@@ -31,6 +31,7 @@ from epick.framework import (
     Snapshot,
     new_request_id,
 )
+from epick.framework.flowcontrol import fairness_id
 from epick.requestcontrol import errors
 from epick.requestcontrol.admission import FlowAdmission
 from epick.requestcontrol.cycle import RequestCycle
@@ -199,10 +200,13 @@ class Director:
         # x-gateway-model-name-rewrite header is ignored and stripped. A body forwarded unread
         # (payload None) is never rewritten.
         if raw is not None and client_model:
-            target = self.rewrites.target_model(client_model)
-            if target is not None and target != client_model:
-                raw["model"] = model = target
-                body = json.dumps(raw).encode()
+            chosen = self.rewrites.rewrite(client_model)
+            if chosen is not None:
+                name, target = chosen
+                self.observer.rewritten(name, client_model, target)
+                if target != client_model:
+                    raw["model"] = model = target
+                    body = json.dumps(raw).encode()
         objective = next((lowered[h] for h in OBJECTIVE_HEADERS if lowered.get(h)), "")
         request = InferenceRequest(
             target_model=model,
@@ -224,9 +228,9 @@ class Director:
         if self.known_models is not None and model:
             known = self.known_models()
             if known and model not in known:
-                self.observer.error(client_model, model, "model_not_found")
+                labels = (client_model, model, fairness_id(request), str(request.priority))
+                self.observer.error(labels, "model_not_found")
                 raise errors.unknown_model(model, sorted(known))
-        self.observer.request(client_model, model)
         usage = self._usage_reader(parsed.parser, parsed.read_response)
         return RequestCycle(self, request, parsed.body, client_model, usage)
 

@@ -1,295 +1,357 @@
-"""epick's own Prometheus metrics, with the Go EPP's names (kubernetes-sigs/gateway-api-inference-extension
-v1.x, site-src/guides/metrics-and-observability.md)."""
+"""epick's Prometheus metrics, with the Go EPP's names, types, labels and buckets (llm-d/llm-d-router at
+ebab687, `pkg/epp/metrics`): each request family as `llm_d_epp_*` and under the deprecated
+`inference_objective_*` / `inference_extension_*` name upstream still serves, recorded once
+(`series.View`). docs/metrics.md lists every upstream family and what epick serves of it; a test
+checks the two against each other.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import math
+from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from epick import __version__
 from epick.config import LoadedConfig
 from epick.datalayer.datastore import Datastore
-from epick.flowcontrol import FlowItem, FlowObserver
-from epick.flowcontrol.registry import BandStats
-from epick.framework import ExportsMetrics, InferenceRequest, Plugin, Usage
-from epick.framework.flowcontrol import FlowKey
-from epick.requestcontrol.director import Observer
-from epick.requestcontrol.series import Counters, Histograms
+from epick.datalayer.scraper import ScrapeErrors
+from epick.framework import InferenceRequest, Plugin, SchedulingResult
+from epick.requestcontrol.flow_metrics import FlowMetrics
+from epick.requestcontrol.path import Completion, Observer, RequestLabels
+from epick.requestcontrol.plugin_metrics import PluginMetrics
+from epick.requestcontrol.series import Counters, Gauges, Histograms, View
 
-# GIE's token-count buckets (pkg/epp/metrics/metrics.go).
+__all__ = ["SCHEDULER_BUCKETS", "TOKEN_BUCKETS", "DataLayerErrors", "EppMetrics"]
+
+# Upstream's bucket lists (pkg/epp/metrics/metrics.go and llm_d_router_metrics.go).
+SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536, 131072, 262144,
                  524288, 1048576)  # fmt: skip
-SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
-# Upstream's flow-control buckets (llm-d/llm-d-router, pkg/epp/metrics/metrics.go).
-QUEUE_BUCKETS = (
-    0.0001,
-    0.0005,
-    0.001,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-)
-CYCLE_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
+OUTPUT_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+LATENCY_BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10, 15, 20,
+                   30, 45, 60, 120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600)  # fmt: skip
+TTFT_BUCKETS = LATENCY_BUCKETS[:24]  # up to 120 s
+NTPOT_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10)
+TPOT_BUCKETS = (0.0005, 0.00205, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.3, 0.4, 0.5,
+                0.6, 0.8, 1, 2)  # fmt: skip
+ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2)
+REQUEST_SIZE_BUCKETS = tuple(64 * 2**i for i in range(25))  # 64 B to 1 GiB
+RESPONSE_SIZE_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536)
+REQUEST_PHASE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.015, 0.025, 0.04, 0.06, 0.1, 0.25, 0.5, 1, 2.5,
+                         5, 10)  # fmt: skip
+RESPONSE_PHASE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
+                          2.5, 5)  # fmt: skip
+
+LLMD = "llm_d_epp_"
+REQUEST = ("model_name", "target_model_name", "fairness_id", "priority")
+MODELS = ("model_name", "target_model_name")
 
 
-class _PoolState(Collector):
-    def __init__(self, pool: str, datastore: Datastore, config: Callable[[], LoadedConfig]) -> None:
-        self.pool = pool
-        self.datastore = datastore
-        self.config = config
-
-    def collect(self) -> Iterator[Metric]:
-        ready = self.datastore.snapshot()
-        n = len(ready)
-        for name, doc, value in (
-            ("inference_pool_ready_pods", "Endpoints ready to serve.", float(n)),
-            (
-                "inference_pool_average_kv_cache_utilization",
-                "Mean KV-cache use of the ready endpoints.",
-                sum(ep.metrics.kv_cache_usage_percent for ep in ready) / n if n else 0.0,
-            ),
-            (
-                "inference_pool_average_queue_size",
-                "Mean waiting-queue length of the ready endpoints.",
-                sum(ep.metrics.waiting_queue_size for ep in ready) / n if n else 0.0,
-            ),
-        ):
-            g = GaugeMetricFamily(name, doc, labels=["name"])
-            g.add_metric([self.pool], value)
-            yield g
-        yield from plugin_metrics(self.config().plugins.values())
-
-
-# Families GIE always exposes, with or without a plugin that reports them.
-ALWAYS_EXPOSED = (
-    ("inference_extension_prefix_indexer_size", "Block hashes in the approximate prefix index.", "gauge"),
-    (
-        "inference_extension_prefix_indexer_hit_ratio",
-        "Share of prompt blocks found on the chosen endpoint.",
-        "gauge",
-    ),
-)
-
-
-def plugin_metrics(plugins: Iterable[object]) -> Iterator[Metric]:
-    """The families of what every plugin that exports metrics reports, each sample labelled with
-    its plugin (`type/name`) first."""
-    families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
-    for name, doc, kind in ALWAYS_EXPOSED:
-        families[name] = _family(name, doc, kind, ())
-    for plugin in plugins:
-        if not isinstance(plugin, ExportsMetrics):
-            continue
-        label = str(plugin.typed_name)
-        for sample in plugin.metric_samples():
-            family = families.get(sample.name)
-            if family is None:
-                keys = tuple(k for k, _ in sample.labels)
-                family = families[sample.name] = _family(sample.name, sample.documentation, sample.kind, keys)
-            family.add_metric([label, *(v for _, v in sample.labels)], sample.value)
-    yield from families.values()
-
-
-def _family(name: str, doc: str, kind: str, keys: tuple[str, ...]) -> CounterMetricFamily | GaugeMetricFamily:
-    labels = ["plugin", *keys]
-    if kind == "counter":
-        return CounterMetricFamily(name, doc, labels=labels)
-    return GaugeMetricFamily(name, doc, labels=labels)
+def _deprecated(name: str, documentation: str, labels: tuple[str, ...] = MODELS) -> View:
+    return View(name, f"Deprecated: use the llm_d_epp_ family. {documentation}", labels)
 
 
 class EppMetrics(Observer):
+    """The service's /metrics registry and the director's observer."""
+
     def __init__(
-        self, pool: str, datastore: Datastore, config: Callable[[], LoadedConfig], *, usage: bool = True
+        self,
+        pool: str,
+        datastore: Datastore,
+        config: Callable[[], LoadedConfig],
+        *,
+        usage: bool = True,
+        staleness: float = 2.0,
+        namespace: str = "",
     ) -> None:
         """`usage`: record the token histograms from each response's usage (the response bodies are
-        then read, in ext_proc too); off, they stay empty and responses are read only for plugins."""
+        then read, in ext_proc too); off, they stay empty and responses are read only for plugins.
+        `staleness`: scraped metrics older than this leave an endpoint out of the pool gauges."""
         self.reads_usage = usage
-        self.registry = CollectorRegistry()
-        self.registry.register(_PoolState(pool, datastore, config))
-        r = self.registry
-        # The request path's own series (epick.requestcontrol.series: no label lookup, no lock).
-        self._e2e = Histograms(
-            "inference_extension_scheduler_e2e_duration_seconds",
-            "End-to-end scheduling latency.",
-            buckets=SCHEDULER_BUCKETS,
-            registry=r,
-        )
+        self.namespace = namespace  # the endpoints' (the scheduler attempts' label)
+        self.registry = r = CollectorRegistry()
+        r.register(PoolGauges(pool, datastore, staleness))
+        r.register(PluginMetrics(lambda: config().plugins.values()))  # noqa: PLW0108 - read when scraped
+        r.register(BuildInfo())
         self._requests = Counters(
-            "inference_objective_request",
-            "Requests by model.",
-            ["model_name", "target_model_name"],
-            registry=r,
-        )
+            f"{LLMD}request", "Requests decided (scheduled), by model, fairness id and priority.", REQUEST,
+            registry=r, views=[_deprecated("inference_objective_request", "Requests decided.",
+                                           ("model_name", "target_model_name", "priority"))],
+        )  # fmt: skip
         self._errors = Counters(
-            "inference_objective_request_error",
-            "Request errors by model and code.",
-            ["model_name", "target_model_name", "error_code"],
+            f"{LLMD}request_error", "Requests refused or failed, by epick's error code.",
+            (*REQUEST, "error_code"), registry=r,
+            views=[_deprecated("inference_objective_request_error", "Errors.", (*MODELS, "error_code"))],
+        )  # fmt: skip
+        self._running = Gauges(
+            f"{LLMD}request_running", "Requests decided and not yet complete.", REQUEST, registry=r,
+            views=[_deprecated("inference_objective_running_requests", "Requests running.", ("model_name",))],
+        )  # fmt: skip
+        self._duration = self._request_histogram(
+            "request_duration_seconds", "inference_objective_request_duration_seconds",
+            "Seconds from a request's arrival to its response's end.", LATENCY_BUCKETS,
+        )  # fmt: skip
+        self._request_size = self._request_histogram(
+            "request_size_bytes", "inference_objective_request_sizes", "Request body sizes in bytes.",
+            REQUEST_SIZE_BUCKETS,
+        )  # fmt: skip
+        self._response_size = self._request_histogram(
+            "response_size_bytes", "inference_objective_response_sizes", "Response body sizes in bytes.",
+            RESPONSE_SIZE_BUCKETS,
+        )  # fmt: skip
+        self._input_tokens = self._request_histogram(
+            "request_input_tokens", "inference_objective_input_tokens", "Prompt tokens per request (usage).",
+            TOKEN_BUCKETS,
+        )  # fmt: skip
+        self._output_tokens = self._request_histogram(
+            "request_output_tokens", "inference_objective_output_tokens",
+            "Completion tokens per request (usage).", OUTPUT_TOKEN_BUCKETS,
+        )  # fmt: skip
+        self._cached_tokens = self._request_histogram(
+            "request_cached_tokens", "inference_objective_prompt_cached_tokens",
+            "Prompt tokens served from the prefix cache per request (usage).", TOKEN_BUCKETS,
+        )  # fmt: skip
+        self._ntpot = self._request_histogram(
+            "request_ntpot_seconds", "inference_objective_normalized_time_per_output_token_seconds",
+            "Request duration over its completion tokens.", NTPOT_BUCKETS,
+        )  # fmt: skip
+        self._ttft = Histograms(
+            f"{LLMD}request_ttft_seconds", "Seconds from a request's arrival to its response's first chunk.",
+            (*REQUEST, "streaming"), buckets=TTFT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self._tpot = Histograms(
+            f"{LLMD}request_streaming_tpot_seconds",
+            "Streamed responses: seconds per completion token after the first.", REQUEST,
+            buckets=TPOT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self._itl = Histograms(
+            f"{LLMD}request_streaming_itl_seconds", "Streamed responses: seconds between body chunks.",
+            REQUEST, buckets=ITL_BUCKETS, registry=r,
+        )  # fmt: skip
+        self._request_phase = Histograms(
+            f"{LLMD}request_processing_duration_seconds",
+            "Seconds from a request's arrival to its decision (or refusal).", buckets=REQUEST_PHASE_BUCKETS,
             registry=r,
-        )
-        tokens = ["model_name", "target_model_name"]
-        self._input_tokens = Histograms(
-            "inference_objective_input_tokens", "Input token count per request.", tokens,
-            buckets=TOKEN_BUCKETS, registry=r,
         )  # fmt: skip
-        self._output_tokens = Histograms(
-            "inference_objective_output_tokens", "Output token count per request.", tokens,
-            buckets=TOKEN_BUCKETS, registry=r,
+        self._response_phase = Histograms(
+            f"{LLMD}response_processing_duration_seconds", "Seconds epick spent handling a response.",
+            buckets=RESPONSE_PHASE_BUCKETS, registry=r,
         )  # fmt: skip
-        self._cached_tokens = Histograms(
-            "inference_objective_prompt_cached_tokens", "Prompt tokens served from the cache per request.",
-            tokens, buckets=TOKEN_BUCKETS, registry=r,
+        self._e2e = Histograms(
+            f"{LLMD}scheduler_e2e_duration_seconds", "Seconds one scheduling cycle took.",
+            buckets=SCHEDULER_BUCKETS, registry=r,
+            views=[_deprecated("inference_extension_scheduler_e2e_duration_seconds", "Scheduling latency.",
+                               ())],
+        )  # fmt: skip
+        self._attempts = Counters(
+            f"{LLMD}scheduler_attempts",
+            "Scheduling cycles by outcome, with the primary endpoint chosen.",
+            ("status", "target_model_name", "endpoint_name", "namespace", "port"), registry=r,
+        )  # fmt: skip
+        self._attempts_old = Counters(
+            "inference_extension_scheduler_attempts",
+            "Deprecated: use llm_d_epp_scheduler_attempts_total. Scheduling cycles by outcome.",
+            ("status", "target_model_name", "pod_name", "namespace", "port"), registry=r,
+        )  # fmt: skip
+        self.plugin_duration = Histograms(
+            f"{LLMD}plugin_duration_seconds", "Seconds each plugin call took, by extension point.",
+            ("extension_point", "plugin_type", "plugin_name"), buckets=SCHEDULER_BUCKETS, registry=r,
+            views=[_deprecated("inference_extension_plugin_duration_seconds", "Plugin latency.",
+                               ("extension_point", "plugin_type", "plugin_name"))],
+        )  # fmt: skip
+        self._rewrites = Counters(
+            f"{LLMD}model_rewrite_decisions", "Requests an InferenceModelRewrite sent to another model.",
+            ("model_rewrite_name", "model_name", "target_model"), registry=r,
+            views=[View("inference_extension_model_rewrite_decisions",
+                        "Requests an InferenceModelRewrite sent to another model.",
+                        ("model_rewrite_name", "model_name", "target_model"))],
         )  # fmt: skip
         self.flow = FlowMetrics(pool, r)
-        self.plugin_duration = Histograms(
-            "inference_extension_plugin_duration_seconds",
-            "Plugin processing latency by extension point.",
-            ["extension_point", "plugin_type", "plugin_name"],
-            buckets=SCHEDULER_BUCKETS,
-            registry=r,
-        )
+
+    def _request_histogram(
+        self, name: str, old: str, documentation: str, buckets: tuple[float, ...]
+    ) -> Histograms:
+        return Histograms(
+            f"{LLMD}{name}", documentation, REQUEST, buckets=buckets, registry=self.registry,
+            views=[_deprecated(old, documentation)],
+        )  # fmt: skip
+
+    # --- the scheduler ---------------------------------------------------------------------------
 
     def observe(self, extension_point: str, plugin: Plugin, seconds: float) -> None:
         """The scheduler's `PluginTimer`: one observation per plugin call."""
         name = plugin.typed_name
         self.plugin_duration.series(extension_point, name.type, name.name).observe(seconds)
 
-    def scheduled(self, request: InferenceRequest, seconds: float) -> None:
+    def scheduled(self, request: InferenceRequest, seconds: float, result: SchedulingResult | None) -> None:
         self._e2e.observe(seconds)
+        targets = result.targets if result is not None else ()
+        if targets:
+            primary = targets[0]
+            where = (self.namespace, str(primary.port))
+            self._attempts.inc("success", request.target_model, primary.name, *where)
+            self._attempts_old.inc("success", request.target_model, primary.name, *where)
+        else:
+            self._attempts.inc("failure", request.target_model, "", "", "")
+            self._attempts_old.inc("failure", request.target_model, "", "", "")
 
-    def request(self, model: str, target_model: str) -> None:
-        self._requests.inc(model, target_model)
+    # --- one request -----------------------------------------------------------------------------
 
-    def error(self, model: str, target_model: str, code: str) -> None:
-        self._errors.inc(model, target_model, code)
+    def request(self, labels: RequestLabels, size: int) -> None:
+        self._requests.inc(*labels)
+        self._request_size.series(*labels).observe(size)
 
-    def usage(self, model: str, target_model: str, usage: Usage) -> None:
-        self._input_tokens.series(model, target_model).observe(usage.prompt_tokens)
-        self._output_tokens.series(model, target_model).observe(usage.completion_tokens)
-        self._cached_tokens.series(model, target_model).observe(usage.cached_tokens)
+    def error(self, labels: RequestLabels, code: str) -> None:
+        self._errors.inc(*labels, code)
+
+    def running(self, labels: RequestLabels, delta: int) -> None:
+        self._running.inc(*labels, amount=delta)
+
+    def request_phase(self, seconds: float) -> None:
+        self._request_phase.observe(seconds)
+
+    def chunk_gap(self, labels: RequestLabels, seconds: float) -> None:
+        self._itl.series(*labels).observe(seconds)
+
+    def completed(self, labels: RequestLabels, completion: Completion) -> None:
+        duration = completion.duration
+        self._duration.series(*labels).observe(duration)
+        self._response_size.series(*labels).observe(completion.response_bytes)
+        self._response_phase.observe(completion.handling)
+        first = completion.first_chunk
+        if first is not None:
+            self._ttft.series(*labels, "true" if completion.streaming else "false").observe(first)
+        usage = completion.usage
+        if usage is None or not self.reads_usage:
+            return
+        tokens = usage.completion_tokens
+        if usage.prompt_tokens > 0:
+            self._input_tokens.series(*labels).observe(usage.prompt_tokens)
+        if tokens > 0:
+            self._output_tokens.series(*labels).observe(tokens)
+            self._ntpot.series(*labels).observe(duration / tokens)
+        self._cached_tokens.series(*labels).observe(usage.cached_tokens)
+        if completion.streaming and first is not None and tokens > 1:
+            self._tpot.series(*labels).observe((duration - first) / (tokens - 1))
+
+    def rewritten(self, rewrite: str, model: str, target_model: str) -> None:
+        self._rewrites.inc(rewrite, model, target_model)
 
 
-class FlowMetrics(FlowObserver):
-    """Flow control's metrics, with the names and labels upstream gives them under the
-    `inference_extension` subsystem (llm-d/llm-d-router, pkg/epp/metrics/metrics.go):
-    queue size and bytes while requests are held, the time each spent and its outcome, the time
-    admitting it to a queue took (`request_enqueue_duration_seconds`), dispatch
-    cycles, pool saturation by stage, and each band's (and all bands') occupancy of its limits.
-    `inference_extension_flow_control_requests_total` counts outcomes (upstream has it under its
-    `llm_d_epp` subsystem only)."""
+class PoolGauges(Collector):
+    """The pool's gauges, worked out when scraped from the endpoints whose metrics are fresh (upstream
+    recomputes them every `--refresh-prometheus-metrics-interval`)."""
 
-    def __init__(self, pool: str, registry: CollectorRegistry) -> None:
+    def __init__(self, pool: str, datastore: Datastore, staleness: float) -> None:
         self.pool = pool
-        flow = ["fairness_id", "priority", "inference_pool", "model_name", "target_model_name"]
-        r = registry
-        self._queue_size = Gauge(
-            "inference_extension_flow_control_queue_size",
-            "Current number of requests actively held in the Flow Control queue.", flow, registry=r,
-        )  # fmt: skip
-        self._queue_bytes = Gauge(
-            "inference_extension_flow_control_queue_bytes",
-            "Current total size in bytes of requests actively held in the Flow Control queue.", flow,
-            registry=r,
-        )  # fmt: skip
-        self._queue_duration = Histogram(
-            "inference_extension_flow_control_request_queue_duration_seconds",
-            "Time requests spend in the Flow Control layer, from enqueue to final outcome.",
-            ["fairness_id", "priority", "outcome", "inference_pool", "model_name", "target_model_name"],
-            buckets=QUEUE_BUCKETS, registry=r,
-        )  # fmt: skip
-        self._enqueue_duration = Histogram(
-            "inference_extension_flow_control_request_enqueue_duration_seconds",
-            "Distribution of time taken to enqueue requests into the Flow Control layer.",
-            ["fairness_id", "priority", "outcome"], buckets=CYCLE_BUCKETS, registry=r,
-        )  # fmt: skip
-        self._outcomes = Counter(
-            "inference_extension_flow_control_requests",
-            "Requests leaving the Flow Control layer, by outcome.",
-            ["outcome", "priority", "inference_pool"], registry=r,
-        )  # fmt: skip
-        self._cycle = Histogram(
-            "inference_extension_flow_control_dispatch_cycle_duration_seconds",
-            "Distribution of time taken for each internal dispatch cycle in the Flow Control layer.",
-            buckets=CYCLE_BUCKETS, registry=r,
-        )  # fmt: skip
-        self._saturation = Gauge(
-            "inference_extension_flow_control_pool_saturation",
-            "Pool saturation by stage (prefill, decode, effective), as dispatch reads it.",
-            ["inference_pool", "stage"], registry=r,
-        )  # fmt: skip
-        self._band_requests = Gauge(
-            "inference_extension_flow_control_capacity_utilization_requests",
-            "Queued requests over the band's request limit.", ["priority", "inference_pool"], registry=r,
-        )  # fmt: skip
-        self._band_bytes = Gauge(
-            "inference_extension_flow_control_capacity_utilization_bytes",
-            "Queued bytes over the priority band's byte limit.", ["priority", "inference_pool"], registry=r,
-        )  # fmt: skip
-        self._global_requests = Gauge(
-            "inference_extension_flow_control_global_capacity_utilization_requests",
-            "Queued requests over the global request limit.", ["inference_pool"], registry=r,
-        )  # fmt: skip
-        self._global_bytes = Gauge(
-            "inference_extension_flow_control_global_capacity_utilization_bytes",
-            "Queued bytes over the global byte limit.", ["inference_pool"], registry=r,
-        )  # fmt: skip
+        self.datastore = datastore
+        self.staleness = staleness
 
-    def _flow_labels(self, item: FlowItem) -> tuple[str, str, str, str, str]:
-        key = item.flow_key
-        model = item.request.target_model
-        return (key.id, str(key.priority), self.pool, model, model)
+    def collect(self) -> Iterator[Metric]:
+        import time
 
-    def submitted(self, item: FlowItem) -> None:
-        labels = self._flow_labels(item)
-        self._queue_size.labels(*labels).inc()
-        self._queue_bytes.labels(*labels).inc(item.byte_size)
+        now = time.time()
+        fresh = [
+            ep
+            for ep in self.datastore.snapshot()
+            if ep.metrics.update_time is None or now - ep.metrics.update_time <= self.staleness
+        ]
+        kv = [ep.metrics.kv_cache_usage_percent for ep in fresh]
+        queue = [float(ep.metrics.waiting_queue_size) for ep in fresh]
+        running = [float(ep.metrics.running_requests_size) for ep in fresh]
+        for names, value in (
+            (("llm_d_epp_ready_endpoints", "inference_pool_ready_pods"), float(len(fresh))),
+            (
+                ("llm_d_epp_average_kv_cache_utilization", "inference_pool_average_kv_cache_utilization"),
+                _mean(kv),
+            ),
+            (("llm_d_epp_average_queue_size", "inference_pool_average_queue_size"), _mean(queue)),
+            (
+                ("llm_d_epp_average_running_requests", "inference_pool_average_running_requests"),
+                _mean(running),
+            ),
+            (("llm_d_epp_std_dev_kv_cache_utilization",), _std_dev(kv)),
+            (("llm_d_epp_std_dev_queue_size",), _std_dev(queue)),
+            (("llm_d_epp_std_dev_running_requests",), _std_dev(running)),
+        ):
+            for name in names:
+                family = GaugeMetricFamily(name, _POOL_DOCS[names[0]], labels=["name"])
+                family.add_metric([self.pool], value)
+                yield family
+        for name, label in (
+            ("llm_d_epp_per_endpoint_queue_size", "model_server_endpoint"),
+            ("inference_pool_per_pod_queue_size", "model_server_pod"),
+        ):
+            family = GaugeMetricFamily(name, "Waiting requests on each endpoint.", labels=["name", label])
+            for ep in fresh:
+                family.add_metric([self.pool, ep.name], float(ep.metrics.waiting_queue_size))
+            yield family
 
-    def finalized(self, item: FlowItem) -> None:
-        labels = self._flow_labels(item)
-        self._queue_size.labels(*labels).dec()
-        self._queue_bytes.labels(*labels).dec(item.byte_size)
-        outcome = item.outcome.value if item.outcome is not None else "NotYetFinalized"
-        fairness, priority, pool, model, target = labels
-        self._queue_duration.labels(fairness, priority, outcome, pool, model, target).observe(item.wait)
-        self._outcomes.labels(outcome, priority, pool).inc()
 
-    def enqueued(self, item: FlowItem, seconds: float) -> None:
-        outcome = item.outcome.value if item.outcome is not None else "NotYetFinalized"
-        key = item.flow_key
-        self._enqueue_duration.labels(key.id, str(key.priority), outcome).observe(seconds)
+_POOL_DOCS = {
+    "llm_d_epp_ready_endpoints": "Endpoints with fresh metrics.",
+    "llm_d_epp_average_kv_cache_utilization": "Mean KV-cache use (0..1) of the endpoints with fresh metrics.",
+    "llm_d_epp_average_queue_size": "Mean waiting-queue length of the endpoints with fresh metrics.",
+    "llm_d_epp_average_running_requests": "Mean running requests of the endpoints with fresh metrics.",
+    "llm_d_epp_std_dev_kv_cache_utilization": "Standard deviation of the endpoints' KV-cache use.",
+    "llm_d_epp_std_dev_queue_size": "Standard deviation of the endpoints' waiting-queue lengths.",
+    "llm_d_epp_std_dev_running_requests": "Standard deviation of the endpoints' running requests.",
+}
 
-    def saturation(self, stage: str, value: float) -> None:
-        self._saturation.labels(self.pool, stage).set(value)
 
-    def cycle(self, seconds: float, bands: Sequence[BandStats], stats: tuple[int, int, int, int]) -> None:
-        self._cycle.observe(seconds)
-        for band in bands:
-            priority = str(band.priority)
-            if band.max_requests:
-                self._band_requests.labels(priority, self.pool).set(band.len / band.max_requests)
-            if band.max_bytes:
-                self._band_bytes.labels(priority, self.pool).set(band.byte_size / band.max_bytes)
-        length, size, max_requests, max_bytes = stats
-        if max_requests:
-            self._global_requests.labels(self.pool).set(length / max_requests)
-        if max_bytes:
-            self._global_bytes.labels(self.pool).set(size / max_bytes)
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
 
-    def flows_dropped(self, keys: Sequence[FlowKey]) -> None:
-        """A collected flow's series go with it (fairness ids come from clients)."""
-        dropped = {(k.id, str(k.priority)) for k in keys}
-        for gauge in (self._queue_size, self._queue_bytes):
-            for labels in list(gauge._metrics):  # prometheus_client keeps children by label tuple
-                if labels[:2] in dropped:
-                    gauge.remove(*labels)
+
+def _std_dev(values: list[float]) -> float:
+    """The population standard deviation, as upstream's."""
+    if not values:
+        return 0.0
+    mean = _mean(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
+
+class BuildInfo(Collector):
+    """`llm_d_epp_info` and `inference_extension_info`: 1, labelled with the build (the image's commit
+    from $EPICK_COMMIT, and epick's version as the build ref)."""
+
+    def collect(self) -> Iterator[Metric]:
+        import os
+
+        labels = [os.environ.get("EPICK_COMMIT", ""), f"epick-{__version__}"]
+        for name in ("llm_d_epp_info", "inference_extension_info"):
+            family = GaugeMetricFamily(
+                name, "The build serving: its commit and build ref.", labels=["commit", "build_ref"]
+            )
+            family.add_metric(labels, 1.0)
+            yield family
+
+
+class DataLayerErrors(Collector):
+    """Failed scrapes (`ScrapeErrors`): polls by source type, readings by source and extractor type,
+    as `llm_d_epp_datalayer_*_errors_total` and the deprecated `llm_d_inference_scheduler_*` names."""
+
+    def __init__(self, errors: ScrapeErrors) -> None:
+        self.errors = errors
+
+    def collect(self) -> Iterator[Metric]:
+        for prefix in ("llm_d_epp", "llm_d_inference_scheduler"):
+            poll = CounterMetricFamily(
+                f"{prefix}_datalayer_poll_errors",
+                "Scrapes that got no usable answer.",
+                labels=["source_type"],
+            )
+            for source, count in self.errors.poll.items():
+                poll.add_metric([source], float(count))
+            yield poll
+            extract = CounterMetricFamily(
+                f"{prefix}_datalayer_extract_errors",
+                "Answers an extractor could not read.",
+                labels=["source_type", "extractor_type"],
+            )
+            for (source, extractor), count in self.errors.extract.items():
+                extract.add_metric([source, extractor], float(count))
+            yield extract

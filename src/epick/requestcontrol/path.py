@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from epick.config import LoadedConfig
@@ -34,23 +35,53 @@ from epick.requestcontrol.errors import RequestError
 log = logging.getLogger(__name__)
 
 
+# A request's metric labels: the client's model, the model served, its fairness id and priority.
+RequestLabels = tuple[str, str, str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """How a response went, for metrics: seconds from the request's arrival to its end and to the
+    first chunk of its body (None: no body came), the body's bytes, the token usage its parser read,
+    whether it streamed, and the seconds epick spent handling it."""
+
+    duration: float
+    first_chunk: float | None
+    response_bytes: int
+    usage: Usage | None
+    streaming: bool
+    handling: float
+
+
 class Observer:
     """What the request path reports for metrics; the default records nothing."""
 
-    # Whether `usage` records anything: when it does not, no response body is read for it.
+    # Whether `completed` records token usage: when it does not, no response body is read for it.
     reads_usage: bool = False
 
-    def scheduled(self, request: InferenceRequest, seconds: float) -> None:
-        pass
+    def scheduled(self, request: InferenceRequest, seconds: float, result: SchedulingResult | None) -> None:
+        """A scheduling cycle took `seconds`; `result` is None when it failed."""
 
-    def request(self, model: str, target_model: str) -> None:
-        pass
+    def request(self, labels: RequestLabels, size: int) -> None:
+        """A request was decided (once, however many times it is rescheduled)."""
 
-    def error(self, model: str, target_model: str, code: str) -> None:
-        pass
+    def error(self, labels: RequestLabels, code: str) -> None:
+        """A request was refused or failed, with epick's error code."""
 
-    def usage(self, model: str, target_model: str, usage: Usage) -> None:
-        """A response's token usage, as its parser read it."""
+    def running(self, labels: RequestLabels, delta: int) -> None:
+        """A decided request starts (+1) or ends (-1)."""
+
+    def request_phase(self, seconds: float) -> None:
+        """The request phase (parse, admission, decision) ended, successfully or not."""
+
+    def chunk_gap(self, labels: RequestLabels, seconds: float) -> None:
+        """Seconds between two chunks of a streamed response's body."""
+
+    def completed(self, labels: RequestLabels, completion: Completion) -> None:
+        """A decided request's response ended."""
+
+    def rewritten(self, rewrite: str, model: str, target_model: str) -> None:
+        """An InferenceModelRewrite sent a request for `model` to `target_model`."""
 
 
 class RequestPath:
@@ -116,8 +147,9 @@ class RequestPath:
                 if refused is not None:
                     raise RequestError(429, f"request cannot be admitted: {refused}", "not_admitted")
         start = time.perf_counter()
+        scheduled: SchedulingResult | None = None
         try:
-            result = config.scheduler.schedule(request, candidates, cycle_state=cycle_state)
+            result = scheduled = config.scheduler.schedule(request, candidates, cycle_state=cycle_state)
         except NoEndpointsError as e:
             raise errors.no_endpoints(str(e)) from None
         except EndpointsFilteredError as e:
@@ -125,7 +157,7 @@ class RequestPath:
         except SchedulingError as e:
             raise RequestError(503, str(e), "scheduling_failed") from None
         finally:
-            self.observer.scheduled(request, time.perf_counter() - start)
+            self.observer.scheduled(request, time.perf_counter() - start, scheduled)
         for hook in config.hooks.pre_request:
             safely(hook.pre_request, request, result, cycle_state)
         if log.isEnabledFor(logging.DEBUG):

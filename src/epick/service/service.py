@@ -39,7 +39,7 @@ from epick.extproc.health import HealthService
 from epick.extproc.server import ExtProcServer
 from epick.proxy.server import Proxy
 from epick.requestcontrol.director import Director
-from epick.requestcontrol.metrics import EppMetrics
+from epick.requestcontrol.metrics import DataLayerErrors, EppMetrics
 from epick.service.leader import LeaderElector
 from epick.service.rewrites import RewriteSources
 from epick.service.settings import Settings
@@ -80,11 +80,16 @@ class Service:
         self.datastore = Datastore()
         self.datastore.replace_all(settings.endpoints)
         self.metrics = EppMetrics(
-            settings.pool_name, self.datastore, lambda: self.director.config, usage=settings.usage_metrics
+            settings.pool_name,
+            self.datastore,
+            lambda: self.director.config,
+            usage=settings.usage_metrics,
+            namespace=settings.kubernetes.namespace if settings.kubernetes else "",
         )
         self.scrapers = ScraperPool(
             self.datastore, interval=settings.refresh_metrics_interval, plan=self.config.data_layer
         )
+        self.metrics.registry.register(DataLayerErrors(self.scrapers.errors))
         self.catalog = ModelCatalog(self.datastore)
         self.kv_events = KVEventSubscribers(self.datastore)
         self.metrics.registry.register(KVEventsCollector(self.kv_events))
@@ -114,6 +119,8 @@ class Service:
             ExtProcServer(self.director, settings.extproc, self.health) if settings.extproc else None
         )
         self.elector: LeaderElector | None = None
+        if self.extproc is not None and self.extproc.stream_metrics is not None:
+            self.metrics.registry.register(self.extproc.stream_metrics)
         self._metrics_runner: web.AppRunner | None = None
         self._background: set[asyncio.Task[None]] = set()
         self.discovery = self._discovery()

@@ -55,7 +55,7 @@ from epick.framework import (
     SchedulingResult,
 )
 from epick.framework.datalayer import data_key
-from epick.framework.metrics import LLMD_SUBSYSTEM, MetricSample
+from epick.framework.metrics import EPICK_PREFIX, MetricSample
 from epick.plugins.latency.accuracy import ACCURACY_COUNTERS, Accuracy
 from epick.plugins.latency.learners import learner_for
 from epick.plugins.latency.parameters import PredictedLatencyParameters
@@ -166,7 +166,7 @@ class PredictedLatencyProducer(NamedPlugin):
     # ExportsMetrics: how the predictions compare with the responses (epick's own names; upstream
     # records histograms per request under inference_objective_*).
     def metric_samples(self) -> Iterator[MetricSample]:
-        prefix = f"{LLMD_SUBSYSTEM}_predicted_latency"
+        prefix = f"{EPICK_PREFIX}_predicted_latency"
         accuracy = (("ttft", self.ttft_accuracy), ("tpot", self.tpot_accuracy))
         for name, doc, value in ACCURACY_COUNTERS:
             for target, of in accuracy:

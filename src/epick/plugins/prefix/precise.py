@@ -43,7 +43,7 @@ from typing import Any, Literal
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads, SchedulingResult
-from epick.framework.metrics import LLMD_SUBSYSTEM, MetricSample
+from epick.framework.metrics import EPICK_PREFIX, LLMD_SUBSYSTEM, MetricSample
 from epick.framework.request import CHARS_PER_TOKEN
 from epick.kvcache import (
     DEFAULT_TIER_WEIGHTS,
@@ -237,15 +237,22 @@ class PrecisePrefixCacheProducer(NamedPlugin):
     def metric_samples(self) -> Iterator[MetricSample]:
         if not self.enable_metrics:
             return
-        prefix = f"{LLMD_SUBSYSTEM}_kv_cache_index"
         for name, doc, value in (
-            ("admissions", "Total number of KV-block admissions", self.index.admissions),
-            ("evictions", "Total number of KV-block evictions", self.index.evictions),
-            ("lookup_requests", "Total number of lookup calls", self.lookups),
-            ("lookup_hits", "Contiguous prefix blocks matched by the best pod per lookup", self.lookup_hits),
+            ("admissions", "KV-block admissions to the index.", self.index.admissions),
+            ("evictions", "KV-block evictions from the index.", self.index.evictions),
+            ("lookup_requests", "Lookups made.", self.lookups),
+            (
+                "lookup_hits",
+                "Contiguous prefix blocks matched by the best endpoint, summed over lookups.",
+                self.lookup_hits,
+            ),
         ):
-            yield MetricSample(f"{prefix}_{name}", doc, "counter", float(value))
-        yield MetricSample(f"{prefix}_keys", "Block keys in the index.", "gauge", float(len(self.index)))
+            # upstream's families have no plugin labels; the deprecated kvcache_index_* twins neither
+            for prefix in (f"{LLMD_SUBSYSTEM}_kv_cache_index", "kvcache_index"):
+                yield MetricSample(f"{prefix}_{name}", doc, "counter", float(value), plugin_labels=False)
+        yield MetricSample(
+            f"{EPICK_PREFIX}_kv_cache_index_keys", "Block keys in the index.", "gauge", float(len(self.index))
+        )
 
     # KVEventSink: what the data layer subscribes to and feeds.
     @property

@@ -33,7 +33,7 @@ from epick.framework import (
     state_key,
 )
 from epick.framework.datalayer import data_key
-from epick.framework.metrics import MetricSample
+from epick.framework.metrics import LLMD_SUBSYSTEM, HistogramCounts, MetricSample
 from epick.framework.request import CHARS_PER_TOKEN
 from epick.plugins.prefix.hashing import prompt_block_hashes
 from epick.plugins.prefix.index import PrefixIndex, SharedIndex
@@ -43,10 +43,16 @@ TYPE = "prefix-cache-scorer"
 MATCH_DATA_TYPE = "PrefixCacheMatchInfoDataKey"  # upstream's data type of a prefix-match producer's output
 DEFAULT_PRODUCER = "approx-prefix-cache-producer"
 # GIE's gauges of the approximate prefix index, per plugin.
-INDEXER_SIZE = "inference_extension_prefix_indexer_size"
+# Upstream's prefix-indexer families (approximateprefix/metrics.go): each as llm_d_epp_* with plugin
+# labels, and under the deprecated inference_extension_* name without them.
+INDEXER_SIZE = "prefix_indexer_size"
 INDEXER_SIZE_DOC = "Block hashes in the approximate prefix index."
-INDEXER_HIT_RATIO = "inference_extension_prefix_indexer_hit_ratio"
-INDEXER_HIT_RATIO_DOC = "Share of prompt blocks found on the chosen endpoint."
+INDEXER_HIT_RATIO = "prefix_indexer_hit_ratio"
+INDEXER_HIT_RATIO_DOC = "Share of a request's prompt blocks found on the endpoint chosen."
+INDEXER_HIT_BYTES = "prefix_indexer_hit_bytes"
+INDEXER_HIT_BYTES_DOC = "Prompt bytes found on the endpoint chosen, per request."
+HIT_RATIO_BUCKETS = (0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1)
+HIT_BYTES_BUCKETS = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 MATCH_PRODUCER_TYPES = (
     DEFAULT_PRODUCER,
     "precise-prefix-cache-producer",
@@ -139,6 +145,8 @@ class PrefixCacheScorer(SharedIndex, NamedPlugin):
         self.lookups = 0
         self.lookup_blocks = 0
         self.hit_blocks = 0
+        self.hit_ratios = HistogramCounts(HIT_RATIO_BUCKETS)
+        self.hit_bytes = HistogramCounts(HIT_BYTES_BUCKETS)
 
     def hashes(self, request: InferenceRequest) -> list[int]:
         return prompt_block_hashes(
@@ -191,9 +199,13 @@ class PrefixCacheScorer(SharedIndex, NamedPlugin):
             return
         primary = result.profile_results.get(result.primary_profile)
         if primary is not None and primary.targets:
+            hits = match.matched.get(primary.targets[0].name, 0)
             self.lookups += 1
             self.lookup_blocks += match.total_blocks
-            self.hit_blocks += match.matched.get(primary.targets[0].name, 0)
+            self.hit_blocks += hits
+            if match.total_blocks:
+                self.hit_ratios.observe(hits / match.total_blocks)
+            self.hit_bytes.observe(hits * match.block_bytes)
         for r in result.profile_results.values():
             if r is not None and r.targets:
                 self.index.add(r.targets[0].name, match.hashes)
@@ -207,10 +219,17 @@ class PrefixCacheScorer(SharedIndex, NamedPlugin):
         """Share of prompt blocks found on the chosen endpoint, over all requests recorded."""
         return self.hit_blocks / self.lookup_blocks if self.lookup_blocks else 0.0
 
-    # ExportsMetrics: GIE's prefix-indexer gauges.
+    # ExportsMetrics: upstream's prefix-indexer families, new and deprecated names.
     def metric_samples(self) -> Iterator[MetricSample]:
-        yield MetricSample(INDEXER_SIZE, INDEXER_SIZE_DOC, "gauge", float(len(self.index)))
-        yield MetricSample(INDEXER_HIT_RATIO, INDEXER_HIT_RATIO_DOC, "gauge", self.hit_ratio)
+        size = float(len(self.index))
+        for prefix, labelled in ((f"{LLMD_SUBSYSTEM}_", True), ("inference_extension_", False)):
+            yield MetricSample(prefix + INDEXER_SIZE, INDEXER_SIZE_DOC, "gauge", size, plugin_labels=labelled)
+            yield self.hit_ratios.sample(
+                prefix + INDEXER_HIT_RATIO, INDEXER_HIT_RATIO_DOC, plugin_labels=labelled
+            )
+            yield self.hit_bytes.sample(
+                prefix + INDEXER_HIT_BYTES, INDEXER_HIT_BYTES_DOC, plugin_labels=labelled
+            )
 
 
 _NO_MATCH = PrefixMatch(0, 0, {})
