@@ -35,6 +35,7 @@ from epick.framework import (
     Scorer,
 )
 from epick.plugins import in_tree_plugins
+from epick.plugins.conformance.header_filter import HeaderBasedTestingFilter
 from epick.plugins.filters.by_label import ByLabelFilter
 from epick.plugins.filters.classic import (
     DecisionTreeFilter,
@@ -393,6 +394,7 @@ def some_filters(selector: LabelSelectorParameters, params: UtilizationParameter
         ContextLengthAware(label=LABEL_KEYS[0], enable_filtering=True),
         UtilizationDetector(params=params, clock=FakeClock()),
         SLOHeadroomTierFilter(rng=random.Random(0)),
+        HeaderBasedTestingFilter(),
     ]
 
 

@@ -58,7 +58,6 @@ NOT_YET = {
     "metrics-client-ca-file": "epick serves /metrics without TLS",
     "tls-min-version": "epick's TLS takes TLS 1.2 and 1.3 (Python's defaults)",
     "tls-cipher-suites": "epick's TLS uses Python's default cipher suites",
-    "emit-endpoint-scores": "epick does not emit the endpoint scores in dynamic metadata yet",
 }
 # Of those, the ones upstream turns on by default: warned about unless turned off.
 ON_BY_DEFAULT = ("metrics-endpoint-auth",)
@@ -203,6 +202,7 @@ def settings_from_flags(
         if flags.boolean("ha-enable-leader-election")
         else None,
         subset_filter=not flags.boolean("disable-endpoint-subset-filter"),
+        emit_endpoint_scores=flags.boolean("emit-endpoint-scores"),
     )
 
 

@@ -177,7 +177,7 @@ HOW: dict[str, str] = {
     "endpoint-selector": "as upstream",
     "endpoint-target-ports": "as upstream",
     "disable-endpoint-subset-filter": "as upstream",
-    "emit-endpoint-scores": "accepted; not emitted yet (a warning says so)",
+    "emit-endpoint-scores": "as upstream",
     "refresh-metrics-interval": "as upstream (at least 50 ms)",
     "refresh-prometheus-metrics-interval": "accepted; epick computes the pool gauges when /metrics is read",
     "metrics-staleness-threshold": "accepted; epick's staleness is the config's (utilization-detector)",

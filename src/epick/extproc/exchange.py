@@ -139,6 +139,9 @@ class Exchange:
     # the answer asked Envoy for less than the whole response (`mode_override`).
     needs: ResponseNeeds = ResponseNeeds.BODY
     overridden: bool = False
+    # The gateway's endpoint subset hint (the addresses the request may go to), from the messages'
+    # metadata; None: no hint.
+    subset: frozenset[str] | None = None
 
     @property
     def body(self) -> bytes:
@@ -153,6 +156,10 @@ class Exchange:
     def handle(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
         if message.HasField("protocol_config"):
             self.modes = Modes.of(message.protocol_config)
+        if message.HasField("metadata_context") and self.director.subset_filter:
+            hint = messages.subset_hint(message.metadata_context)
+            if hint is not None:
+                self.subset = hint
         kind = message.WhichOneof("request")
         if kind == "request_headers":
             return self._request_headers(message.request_headers)
@@ -161,7 +168,8 @@ class Exchange:
         if kind == "request_trailers":
             return self._request_trailers()
         if kind == "response_headers":
-            return [self._response_headers(message.response_headers)]
+            metadata = messages.metadata_of(message) if message.HasField("metadata_context") else {}
+            return [self._response_headers(message.response_headers, metadata)]
         if kind == "response_body":
             return self._response_body(message.response_body)
         if kind == "response_trailers":
@@ -235,7 +243,7 @@ class Exchange:
             return []
         received = self.body
         try:
-            decision = self.director.decide(received, self.headers, _path(self.headers))
+            decision = self.director.decide(received, self.headers, _path(self.headers), self.subset)
         except RequestError as e:
             return self._fail(e)
         return self._routed(decision, received, phase=phase, more=more)
@@ -250,7 +258,7 @@ class Exchange:
         self.pending = None
         received = self.body
         try:
-            decision = self.director.begin(received, self.headers, _path(self.headers))
+            decision = self.director.begin(received, self.headers, _path(self.headers), self.subset)
             await decision.admit()
         except RequestError as e:
             return self._fail(e)
@@ -333,7 +341,9 @@ class Exchange:
 
     # The response.
 
-    def _response_headers(self, message: pb.HttpHeaders) -> pb.ProcessingResponse:
+    def _response_headers(
+        self, message: pb.HttpHeaders, metadata: dict[str, dict[str, object]]
+    ) -> pb.ProcessingResponse:
         answer = pb.ProcessingResponse(response_headers=pb.HeadersResponse())
         d = self.decision
         if d is None:
@@ -342,7 +352,9 @@ class Exchange:
         raw_status = headers.get(":status", "")
         status = int(raw_status) if raw_status.isdigit() else 0  # 0: not known
         streaming = d.request.body.stream
-        self.response = Response(d.request.request_id, status=status, headers=headers, streaming=streaming)
+        self.response = Response(
+            d.request.request_id, status=status, headers=headers, streaming=streaming, metadata=metadata
+        )
         d.received(self.response, self.endpoint)
         if self.response.add_headers:
             answer.response_headers.response.header_mutation.set_headers.extend(

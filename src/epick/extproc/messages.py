@@ -8,9 +8,10 @@ from typing import Any
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
-from google.protobuf import struct_pb2
+from google.protobuf import json_format, struct_pb2
 
-from epick.framework import Response
+from epick.framework import Response, ScoredEndpoints
+from epick.framework.profile import scores_key
 from epick.requestcontrol.director import (
     CONTROL_HEADERS,
     DATA_PARALLEL_HEADER,
@@ -55,6 +56,39 @@ def _set_header(sets: Any, key: str, value: str) -> None:
     option.append_action = _OVERWRITE
 
 
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+
+
+def subset_hint(metadata: Any) -> frozenset[str] | None:
+    """The addresses a gateway's endpoint subset hint names (`envoy.lb.subset_hint` filter metadata,
+    key `x-gateway-destination-endpoint-subset`, a list of "ip:port"), as upstream reads it: the IP of
+    each entry, any port; None when there is no hint (no namespace, no key, or not a list); an empty
+    set for an empty list (no endpoint may serve)."""
+    hint = metadata.filter_metadata.get(SUBSET_NAMESPACE)
+    if hint is None:
+        return None
+    value = hint.fields.get(SUBSET_KEY)
+    if value is None or value.WhichOneof("kind") != "list_value":
+        return None
+    addresses = set()
+    for item in value.list_value.values:
+        if item.WhichOneof("kind") != "string_value":
+            continue
+        text = item.string_value
+        host = text.rpartition(":")[0] if ":" in text else text
+        addresses.add(host.strip("[]") if host.startswith("[") else host)
+    return frozenset(addresses)
+
+
+def metadata_of(message: pb.ProcessingRequest) -> dict[str, dict[str, object]]:
+    """The gateway's metadata on a message, by namespace (filter metadata, then typed-less Structs)."""
+    found: dict[str, dict[str, object]] = {}
+    for namespace, struct in message.metadata_context.filter_metadata.items():
+        found[namespace] = json_format.MessageToDict(struct)
+    return found
+
+
 def headers_of(message: pb.HttpHeaders) -> dict[str, str]:
     return {
         h.key.lower(): (h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value)
@@ -95,11 +129,22 @@ def routing(decision: RequestCycle, *, content_length: int | None) -> pb.CommonR
     return common
 
 
+SCORES_KEY = "x-gateway-destination-endpoint-scores"
+
+
 def put_destinations(metadata: struct_pb2.Struct, decision: RequestCycle) -> None:
     """Set dynamic metadata `envoy.lb/x-gateway-destination-endpoint` in `metadata`: primary, then
-    fallbacks."""
+    fallbacks; with `--emit-endpoint-scores`, also `envoy.lb/x-gateway-destination-endpoint-scores`:
+    each candidate of the primary profile that its filters kept ("ip:port") and its weighted score."""
     targets = ",".join(ep.host_port for ep in decision.targets)
-    metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION_HEADER].string_value = targets
+    lb = metadata.fields[LB_NAMESPACE].struct_value
+    lb.fields[DESTINATION_HEADER].string_value = targets
+    if decision.director.emit_scores and decision.cycle_state is not None:
+        scored = decision.cycle_state.read(scores_key(decision.result.primary_profile), ScoredEndpoints)
+        if scored is not None and len(scored):
+            scores = lb.fields[SCORES_KEY].struct_value
+            for endpoint, score in zip(scored.endpoints, scored.scores, strict=True):
+                scores.fields[endpoint.host_port].number_value = float(score)
 
 
 def response_metadata(response: Response) -> struct_pb2.Struct:

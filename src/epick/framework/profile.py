@@ -21,6 +21,12 @@ from epick.framework.trace import FilterStep, ProfileTrace, ScorerStep
 _E = TypeVar("_E", bound=SchedulingError)
 
 
+def scores_key(profile: str) -> str:
+    """The cycle-state key under which a profile's run leaves its scored candidates (`ScoredEndpoints`:
+    the survivors of its filters and their weighted totals)."""
+    return f"scores/{profile}"
+
+
 @dataclass(frozen=True, slots=True)
 class WeightedScorer:
     scorer: Scorer
@@ -98,6 +104,7 @@ class SchedulerProfile:
         else:
             totals = self._score(request, cycle_state, survivors, timer, version)
         scored = ScoredEndpoints(survivors, totals)
+        cycle_state.write(scores_key(self.name), scored)  # what the front ends may report
         start = time.perf_counter() if timer is not None else 0.0
         result = self.picker.pick(request, cycle_state, scored)
         if timer is not None:

@@ -34,3 +34,6 @@ class Response:
     # {"envoy.lb": {"x-gateway-inference-request-cost": 42.0}}): ext_proc sends it as dynamic metadata
     # with the last response-body answer; the proxy as headers when it has not sent them yet.
     dynamic_metadata: dict[str, dict[str, float | str | bool]] = field(default_factory=dict)
+    # What the gateway sent with the response headers as metadata, by namespace then key (ext_proc's
+    # metadata_context: e.g. {"envoy.lb": {"x-gateway-destination-endpoint-served": "10.0.0.1:8000"}}).
+    metadata: Mapping[str, Mapping[str, object]] = field(default_factory=dict)

@@ -1,6 +1,7 @@
 """The in-tree plugins, each in its own module, listed in one place."""
 
 from epick.plugins.admission import probabilistic
+from epick.plugins.conformance import header_filter, served_verifier
 from epick.plugins.datalayer import (
     core_metrics,
     dcgm,
@@ -67,6 +68,8 @@ from epick.plugins.tokens import producer as token_producer
 def in_tree_plugins() -> list[PluginSpec]:
     """Every plugin type epick ships, by its config type name."""
     return [
+        header_filter.SPEC,
+        served_verifier.SPEC,
         max_score.SPEC,
         random_picker.SPEC,
         weighted_random.SPEC,

@@ -31,6 +31,7 @@ from epick.framework import (
     InferenceRequest,
     Response,
     SchedulingResult,
+    Snapshot,
 )
 from epick.framework.flowcontrol import fairness_id
 from epick.requestcontrol.admission import EvictionSignal
@@ -67,6 +68,7 @@ class RequestCycle:
         "request",
         "result",
         "started",
+        "subset",
         "usage",
     )
 
@@ -92,6 +94,8 @@ class RequestCycle:
         # decided (and running), when its response's first and latest chunks came, its size, and the
         # time spent handling the response.
         self.started = director.clock()
+        # The gateway's endpoint subset hint: the addresses the request may go to (None: any).
+        self.subset: frozenset[str] | None = None
         self._counted = False
         self._labels: RequestLabels | None = None
         self._first_chunk: float | None = None
@@ -150,6 +154,20 @@ class RequestCycle:
         observer.error(self.labels, error.code)
         observer.request_phase(self.director.clock() - self.started)
 
+    def candidates(self) -> Snapshot | tuple[Endpoint, ...]:
+        """The endpoints to decide on now: the director's, narrowed to the gateway's subset hint.
+        Raises `RequestError` (503) when the hint leaves none, as upstream."""
+        found = self.director.candidates()
+        subset = self.subset
+        if subset is None:
+            return found
+        narrowed = tuple(ep for ep in found if ep.address in subset)
+        if not narrowed:
+            raise RequestError(
+                503, "failed to find endpoint candidates for serving the request", "no_endpoints"
+            )
+        return narrowed
+
     def fairness_id(self) -> str:
         """The request's flow for flow control: its fairness header, else the agent identity a
         header processor found, else "default-flow"."""
@@ -162,8 +180,8 @@ class RequestCycle:
         if director.before_schedule is not None:
             director.before_schedule()
         cycle_state = self.enter()
-        candidates = director.candidates()
         try:
+            candidates = self.candidates()
             director.path.shed(self.request, candidates)
             return self._decided(director.path.decide_admitted(self.request, cycle_state, candidates))
         except RequestError as e:
@@ -198,7 +216,7 @@ class RequestCycle:
         director = self.director
         if director.before_schedule is not None:
             director.before_schedule()
-        self._decided(director.path.decide_admitted(self.request, self.enter(), director.candidates()))
+        self._decided(director.path.decide_admitted(self.request, self.enter(), self.candidates()))
         admission = director.admission
         if evictable and admission is not None and self.result.targets:
             self.eviction = admission.evictable(self.request, self.result.targets[0])
@@ -210,7 +228,7 @@ class RequestCycle:
         director = self.director
         if director.before_schedule is not None:
             director.before_schedule()
-        candidates = tuple(ep for ep in director.candidates() if ep.name not in exclude)
+        candidates = tuple(ep for ep in self.candidates() if ep.name not in exclude)
         return self._decided(director.path.decide(self.request, candidates))
 
     def abandon(self) -> None:

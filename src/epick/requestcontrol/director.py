@@ -53,6 +53,9 @@ ENCODER_HEADER = "x-encoder-hosts-ports"
 DATA_PARALLEL_HEADER = "x-data-parallel-host-port"
 KV_SOURCE_HEADER = "x-kv-cache-source-host-port"  # p2p-source-producer: the peer to pull KV from
 REQUEST_ID_HEADER = "x-request-id"
+# The gateway's endpoint subset hint, as a header: only the gateway may narrow the candidates (through
+# `envoy.lb.subset_hint` metadata); a client's is dropped, as upstream's system-owned headers are.
+SUBSET_HEADER = "x-gateway-destination-endpoint-subset"
 DEFAULT_PATH = "/v1/completions"  # a request with no path (upstream's default too)
 CONTROL_HEADERS = frozenset(
     {
@@ -61,6 +64,7 @@ CONTROL_HEADERS = frozenset(
         "x-llm-d-inference-fairness-id",
         MODEL_REWRITE_HEADER,
         DESTINATION_HEADER,
+        SUBSET_HEADER,
     }
 )
 # Headers only epick may set: a client's are dropped before plugins see the request, and before it is
@@ -124,6 +128,10 @@ class Director:
         self.tokenization = RemoteTokenization()
         self.flow_observer = flow_observer
         self.clock = clock
+        # Honour the gateway's endpoint subset hint (`--disable-endpoint-subset-filter` turns it off).
+        self.subset_filter = True
+        # Report the primary profile's scores in the routing's dynamic metadata (`--emit-endpoint-scores`).
+        self.emit_scores = False
         self.admission: FlowAdmission | None = self._admission(config)
         # Called before every scheduling: `epick serve --workers` applies the other workers'
         # updates already received, so a decision sees every decision that reached this process.
@@ -219,9 +227,16 @@ class Director:
         )
         return Parsed(request, body, client_model, parser, not parsed.skip_response)
 
-    def begin(self, body: bytes, headers: Mapping[str, str], path: str = DEFAULT_PATH) -> RequestCycle:
+    def begin(
+        self,
+        body: bytes,
+        headers: Mapping[str, str],
+        path: str = DEFAULT_PATH,
+        subset: frozenset[str] | None = None,
+    ) -> RequestCycle:
         """A request's cycle: parsed, and refused when no endpoint serves its model. Raises
-        `RequestError` with the status a client gets."""
+        `RequestError` with the status a client gets. `subset`: the gateway's endpoint subset hint
+        (the addresses the request may go to), None for none."""
         parsed = self.parse(body, headers, path)
         request, client_model = parsed.request, parsed.client_model
         model = request.target_model
@@ -232,16 +247,24 @@ class Director:
                 self.observer.error(labels, "model_not_found")
                 raise errors.unknown_model(model, sorted(known))
         usage = self._usage_reader(parsed.parser, parsed.read_response)
-        return RequestCycle(self, request, parsed.body, client_model, usage)
+        cycle = RequestCycle(self, request, parsed.body, client_model, usage)
+        cycle.subset = subset
+        return cycle
 
     def cycle(self, request: InferenceRequest) -> RequestCycle:
         """The cycle of a request already built (the fleet simulator's): nothing to parse or forward."""
         return RequestCycle(self, request)
 
-    def decide(self, body: bytes, headers: Mapping[str, str], path: str = DEFAULT_PATH) -> RequestCycle:
+    def decide(
+        self,
+        body: bytes,
+        headers: Mapping[str, str],
+        path: str = DEFAULT_PATH,
+        subset: frozenset[str] | None = None,
+    ) -> RequestCycle:
         """`begin` and `RequestCycle.decide`: a request decided without waiting (no flow control, no
         model server's tokens)."""
-        cycle = self.begin(body, headers, path)
+        cycle = self.begin(body, headers, path, subset)
         cycle.decide()
         return cycle
 

@@ -106,6 +106,8 @@ class Service:
             rewrites=self.rewrites.current(),
             health=self.outliers,
         )
+        self.director.subset_filter = settings.subset_filter
+        self.director.emit_scores = settings.emit_endpoint_scores
         self.datastore.subscribe(self.director.endpoint_changed)
         self.proxy = (
             Proxy(self.director, self.datastore, self.catalog, settings.proxy) if settings.proxy else None

@@ -88,6 +88,8 @@ class Settings:
     # Honour the gateway's endpoint subset hint (`envoy.lb.subset_hint` metadata): pick only among the
     # endpoints it names. False: `--disable-endpoint-subset-filter`.
     subset_filter: bool = True
+    # Report each candidate's score in the routing's dynamic metadata (`--emit-endpoint-scores`).
+    emit_endpoint_scores: bool = False
     # Active-passive HA (`--ha-enable-leader-election`): readiness is SERVING only on the replica that
     # holds this Lease. None: no leader election.
     leader_election: LeaseSettings | None = None
