@@ -7,7 +7,7 @@ import pytest
 from epick.cli.epp import settings_from_flags
 from epick.cli.epp_flags import FLAGS
 from epick.cli.goflags import parse_go_flags
-from epick.config import ConfigError, load_config_text
+from epick.config import ConfigError, LoadOptions, load_config_text
 from tests.epp.charts import ChartPod, chart_pods
 
 PODS = chart_pods()
@@ -73,8 +73,27 @@ def test_the_config_each_chart_mounts_loads(pod: ChartPod) -> None:
     assert text is not None
     refused = KNOWN_REFUSED.get(pod.name)
     if refused is None:
-        load_config_text(text, source=pod.config_path() or "")
+        # without --allow-experimental-plugins, as the charts run it: no Alpha plugin in these
+        load_config_text(text, source=pod.config_path() or "", options=LoadOptions(allow_experimental=False))
         return
     with pytest.raises(ConfigError) as e:
         load_config_text(text, source=pod.config_path() or "")
     assert refused in str(e.value)
+
+
+def test_an_alpha_plugin_needs_allow_experimental_plugins() -> None:
+    text = """\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- {name: sticky, type: session-affinity-filter}
+- type: queue-scorer
+"""
+    with pytest.raises(ConfigError) as e:
+        load_config_text(text, options=LoadOptions(allow_experimental=False))
+    [issue] = e.value.issues
+    assert issue.message == (
+        "plugin 'sticky' (type: 'session-affinity-filter') has Alpha stability level, but command line flag "
+        "--allow-experimental-plugins is not set"
+    )
+    load_config_text(text, options=LoadOptions(allow_experimental=True))

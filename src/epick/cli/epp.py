@@ -203,6 +203,7 @@ def settings_from_flags(
         else None,
         subset_filter=not flags.boolean("disable-endpoint-subset-filter"),
         emit_endpoint_scores=flags.boolean("emit-endpoint-scores"),
+        allow_experimental_plugins=flags.boolean("allow-experimental-plugins"),
     )
 
 

@@ -203,7 +203,7 @@ HOW: dict[str, str] = {
     "metrics-cert-dir": "accepted; not applied yet (a warning says so)",
     "config-file": "as upstream",
     "config-text": "as upstream",
-    "allow-experimental-plugins": "accepted; epick loads every plugin it has",
+    "allow-experimental-plugins": "as upstream: without it, a plugin upstream registers as Alpha is refused",
     "zap-devel": "ignored, as upstream",
     "zap-encoder": "json (upstream's only output); console gives text lines",
     "zap-log-level": "as upstream: overrides --v",

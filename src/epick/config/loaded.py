@@ -79,6 +79,8 @@ class LoadOptions:
     clock: Clock | None = None  # None: a clock of the config's own, on the process's time
     workers: int = 1
     overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # False: refuse plugins upstream registers as Alpha (`epp` without --allow-experimental-plugins).
+    allow_experimental: bool = True
 
 
 @dataclass(slots=True)

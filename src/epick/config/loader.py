@@ -94,4 +94,5 @@ def load_config_text(
         clock=options.clock,
         workers=options.workers,
         overrides=options.overrides,
+        allow_experimental=options.allow_experimental,
     )

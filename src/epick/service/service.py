@@ -58,7 +58,11 @@ def load_service_config(settings: Settings, previous: LoadedConfig | None = None
     overrides: dict[str, dict[str, Any]] = {}
     if settings.metrics_staleness_threshold is not None:
         overrides[UTILIZATION_DETECTOR] = {"metricsStalenessThreshold": settings.metrics_staleness_threshold}
-    options = LoadOptions(workers=settings.workers or 1, overrides=overrides)
+    options = LoadOptions(
+        workers=settings.workers or 1,
+        overrides=overrides,
+        allow_experimental=settings.allow_experimental_plugins,
+    )
     if settings.config_text is not None:
         return load_config_text(
             settings.config_text,

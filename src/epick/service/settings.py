@@ -90,6 +90,9 @@ class Settings:
     subset_filter: bool = True
     # Report each candidate's score in the routing's dynamic metadata (`--emit-endpoint-scores`).
     emit_endpoint_scores: bool = False
+    # False: a config with a plugin upstream registers as Alpha is refused (`epp` without
+    # --allow-experimental-plugins); `epick serve` loads every plugin epick has.
+    allow_experimental_plugins: bool = True
     # Active-passive HA (`--ha-enable-leader-election`): readiness is SERVING only on the replica that
     # holds this Lease. None: no leader election.
     leader_election: LeaseSettings | None = None

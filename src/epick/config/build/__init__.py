@@ -41,6 +41,7 @@ def build_config(
     clock: Clock | None = None,
     workers: int = 1,
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    allow_experimental: bool = True,
 ) -> LoadedConfig:
     """Build `doc` (read from `source`) with the plugin types of `registry`. With `previous` (the
     running config), unchanged plugins are its instances. The factories get `clock` and `workers`
@@ -66,6 +67,8 @@ def build_config(
     # Phase 2: every plugin (also when phase 1 found problems, to report all at once), then the rest.
     for name in b.entries:
         b.instantiate(name)
+    if not allow_experimental:
+        sections.refuse_experimental(b)
     b.check()
     profiles, handler = assemble(b)
     detector = saturation_detector(b)

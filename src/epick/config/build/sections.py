@@ -6,7 +6,7 @@ from __future__ import annotations
 from epick.config.build.plugins import PluginBuilder
 from epick.config.schema import IGNORED_SECTIONS, EndpointPickerConfigFile, split_feature_gate
 from epick.config.suggest import did_you_mean
-from epick.config.upstream import feature_gate, retired_feature_gate
+from epick.config.upstream import feature_gate, retired_feature_gate, upstream_type
 
 FLOW_CONTROL_GATE = "flowControl"
 
@@ -85,3 +85,19 @@ def flow_control_enabled(b: PluginBuilder) -> bool:
         if name == FLOW_CONTROL_GATE:
             enabled = value
     return enabled
+
+
+def refuse_experimental(b: PluginBuilder) -> None:
+    """As the Go EPP without `--allow-experimental-plugins`: a plugin of a type upstream registers as
+    Alpha is refused (the first by name, as upstream checks them in name order)."""
+    for name in sorted(b.entries):
+        index, entry = b.entries[name]
+        found = upstream_type(entry.type)
+        if found is not None and found.stability == "alpha":
+            b.fail(
+                f"plugins[{index}].type",
+                f"plugin '{name}' (type: '{entry.type}') has Alpha stability level, but command line flag "
+                "--allow-experimental-plugins is not set",
+                "pass --allow-experimental-plugins, or remove the plugin",
+            )
+            return
