@@ -47,6 +47,9 @@ async def test_a_chart_pod_waits_for_its_pool_serves_through_envoy_and_stops_on_
 ) -> None:
     pod = PODS[name]
     _, probe_service = pod.probe("readiness")
+    scraper = f"system:serviceaccount:{pod.namespace}:{pod.fixture['serviceAccountName']}"
+    fake.tokens = {"scraper": (scraper, ["system:serviceaccounts"])}
+    fake.allowed = {(scraper, "/metrics", "get")}
     epp = start_epp(pod, tmp_path, fake.url)
     envoy: Envoy | None = None
     try:
@@ -66,9 +69,16 @@ async def test_a_chart_pod_waits_for_its_pool_serves_through_envoy_and_stops_on_
             async with session.post(f"{envoy.url}/v1/completions", json=body) as r:
                 assert r.status == 200, await r.text()
                 assert r.headers[IDENTITY_HEADER] == sim.name
-            async with session.get(f"http://127.0.0.1:{epp.metrics_port}/metrics") as r:
+            # /metrics: upstream's default is TokenReview + SubjectAccessReview, as Prometheus scrapes
+            # it with the EPP's service-account token
+            metrics = f"http://127.0.0.1:{epp.metrics_port}/metrics"
+            async with session.get(metrics) as r:
+                assert r.status == 401
+            async with session.get(metrics, headers={"Authorization": "Bearer scraper"}) as r:
                 assert r.status == 200
-                assert "inference_pool_ready_pods" in await r.text()
+                page = await r.text()
+            for family in ("llm_d_epp_request_total", "inference_objective_request_total", "llm_d_epp_info"):
+                assert f"\n{family}{{" in page, family
 
         # The pool is deleted: readiness turns NOT_SERVING, the process stays.
         fake.delete_pool(pool_name(pod), namespace=pod.namespace)

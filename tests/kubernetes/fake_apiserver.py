@@ -188,6 +188,10 @@ class FakeApiServer:
         self.timeout_scale = 1.0
         self.requests: list[tuple[str, dict[str, str]]] = []  # (path, query) of every request
         self.gone_served = 0
+        # TokenReview: token -> (username, groups); SubjectAccessReview: (username, path, verb) allowed
+        self.tokens: dict[str, tuple[str, list[str]]] = {}
+        self.allowed: set[tuple[str, str, str]] = set()
+        self.reviews: list[Json] = []  # every review asked for
         self._rv = 1
         self._min_rv = 0  # a watch from a version older than this is 410 Gone
         self._objects: dict[tuple[str, str, str], Json] = {}  # (resource, namespace, name) -> object
@@ -205,6 +209,8 @@ class FakeApiServer:
         app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/inferencepools/{name}", self._pool)
         app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/inferencemodelrewrites", self._rewrites)
         app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/inferenceobjectives", self._objectives)
+        app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", self._token_review)
+        app.router.add_post("/apis/authorization.k8s.io/v1/subjectaccessreviews", self._access_review)
         app.router.add_get(f"{LEASES}/{{name}}", self._get_lease)
         app.router.add_put(f"{LEASES}/{{name}}", self._put_lease)
         app.router.add_post(LEASES, self._create_lease)
@@ -510,6 +516,29 @@ class FakeApiServer:
         return copy.deepcopy(obj) if obj is not None else None
 
     # HTTP
+
+    async def _token_review(self, request: web.Request) -> web.Response:
+        review = await request.json()
+        self.reviews.append(review)
+        known = self.tokens.get(str(review.get("spec", {}).get("token", "")))
+        if known is None:
+            review["status"] = {"authenticated": False, "error": "invalid bearer token"}
+        else:
+            name, groups = known
+            review["status"] = {
+                "authenticated": True,
+                "user": {"username": name, "uid": f"uid-{name}", "groups": groups},
+            }
+        return web.json_response(review, status=201)
+
+    async def _access_review(self, request: web.Request) -> web.Response:
+        review = await request.json()
+        self.reviews.append(review)
+        spec = review.get("spec", {})
+        attributes = spec.get("nonResourceAttributes", {})
+        allowed = (spec.get("user"), attributes.get("path"), attributes.get("verb")) in self.allowed
+        review["status"] = {"allowed": allowed}
+        return web.json_response(review, status=201)
 
     async def _get_lease(self, request: web.Request) -> web.Response:
         ns, name = request.match_info["ns"], request.match_info["name"]

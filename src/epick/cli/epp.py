@@ -53,14 +53,11 @@ _SUFFIX.update({f"{k}i": 1024 ** (i + 1) for i, k in enumerate("KMGTPE")})
 NOT_YET = {
     "tracing": "epick does not emit OpenTelemetry traces yet",
     "enable-pprof": "epick serves no /debug/pprof endpoints yet",
-    "metrics-endpoint-auth": "epick does not authenticate /metrics yet: it is open to any client",
-    "metrics-cert-dir": "epick serves /metrics without TLS",
-    "metrics-client-ca-file": "epick serves /metrics without TLS",
     "tls-min-version": "epick's TLS takes TLS 1.2 and 1.3 (Python's defaults)",
     "tls-cipher-suites": "epick's TLS uses Python's default cipher suites",
 }
 # Of those, the ones upstream turns on by default: warned about unless turned off.
-ON_BY_DEFAULT = ("metrics-endpoint-auth",)
+ON_BY_DEFAULT: tuple[str, ...] = ()
 
 
 class EppError(ValueError):
@@ -190,6 +187,9 @@ def settings_from_flags(
         ),
         metrics_port=flags.integer("metrics-port") or None,
         metrics_host=ALL_ADDRESSES,
+        metrics_auth=flags.boolean("metrics-endpoint-auth"),
+        metrics_cert_dir=_existing_pair(flags.text("metrics-cert-dir")),
+        metrics_client_ca=flags.text("metrics-client-ca-file") or None,
         refresh_metrics_interval=refresh,
         pool_name=pool or "epick",
         workers=epp_workers(
@@ -253,6 +253,18 @@ def _lease(flags: GoFlags, namespace: str, environ: os._Environ[str] | dict[str,
         renew_deadline=flags.number("lease-renew-deadline"),
         retry_period=flags.number("lease-retry-period"),
     )
+
+
+def _existing_pair(cert_dir: str) -> str | None:
+    """`--metrics-cert-dir`, which must hold tls.crt and tls.key (upstream refuses to start otherwise)."""
+    if not cert_dir:
+        return None
+    from pathlib import Path
+
+    missing = [name for name in ("tls.crt", "tls.key") if not (Path(cert_dir) / name).is_file()]
+    if missing:
+        raise EppError(f"--metrics-cert-dir {cert_dir}: {' and '.join(missing)} cannot be read")
+    return cert_dir
 
 
 def _quantity(text: str, flag: str) -> int:

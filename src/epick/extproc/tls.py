@@ -246,8 +246,9 @@ class ServerContexts:
     TLS 1.2 or later with the ciphers RFC 9113 allows; client certificates required with a client CA),
     each new handshake switched to the newest set when the store reloads."""
 
-    def __init__(self, store: CertificateStore) -> None:
+    def __init__(self, store: CertificateStore, alpn: Sequence[str] = ("h2",)) -> None:
         self.store = store
+        self.alpn = list(alpn)  # HTTP/2 for gRPC; /metrics speaks HTTP/1.1
         self._generation, material = store.current()
         self._context = self._build(material)
 
@@ -258,7 +259,7 @@ class ServerContexts:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.set_ciphers("ECDHE+AESGCM:ECDHE+CHACHA20")  # TLS 1.2's; TLS 1.3's are all allowed
-        context.set_alpn_protocols(["h2"])
+        context.set_alpn_protocols(self.alpn)
         with tempfile.TemporaryDirectory(prefix="epick-tls-") as d:  # load_cert_chain reads only files
             chain, key = Path(d) / CERT_FILE, Path(d) / KEY_FILE
             chain.write_bytes(material.chain)

@@ -21,7 +21,6 @@ import socket
 from collections.abc import Coroutine
 from typing import Any
 
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from epick.config import ConfigError, LoadedConfig, LoadOptions, load_config, load_config_text
@@ -41,6 +40,7 @@ from epick.proxy.server import Proxy
 from epick.requestcontrol.director import Director
 from epick.requestcontrol.metrics import DataLayerErrors, EppMetrics
 from epick.service.leader import LeaderElector
+from epick.service.metrics_server import MetricsAuth, MetricsServer, metrics_tls
 from epick.service.rewrites import RewriteSources
 from epick.service.settings import Settings
 
@@ -127,7 +127,7 @@ class Service:
         self.elector: LeaderElector | None = None
         if self.extproc is not None and self.extproc.stream_metrics is not None:
             self.metrics.registry.register(self.extproc.stream_metrics)
-        self._metrics_runner: web.AppRunner | None = None
+        self.metrics_server: MetricsServer | None = None
         self._background: set[asyncio.Task[None]] = set()
         self.discovery = self._discovery()
 
@@ -248,13 +248,8 @@ class Service:
         if self.extproc is not None:
             await self.extproc.start()
         if self.settings.metrics_port is not None:
-            app = web.Application()
-            app.router.add_get("/metrics", self._serve_metrics)
-            self._metrics_runner = web.AppRunner(app, access_log=None)
-            await self._metrics_runner.setup()
-            await web.TCPSite(
-                self._metrics_runner, self.settings.metrics_host, self.settings.metrics_port
-            ).start()
+            self.metrics_server = self._metrics_server()
+            await self.metrics_server.start(self.settings.metrics_host, self.settings.metrics_port)
 
     async def _elect(self) -> None:
         """With leader election: campaign on the discovery's API client (readiness follows)."""
@@ -266,12 +261,27 @@ class Service:
         )
         self.elector.start()
 
+    def _metrics_server(self) -> MetricsServer:
+        settings = self.settings
+        auth = None
+        if settings.metrics_auth:
+            if isinstance(self.discovery, KubernetesDiscovery):
+                discovery = self.discovery
+                auth = MetricsAuth(lambda: discovery.api_client)
+            else:
+                log.info("/metrics is served without authentication: endpoints do not come from Kubernetes")
+        registry = self.metrics.registry
+        return MetricsServer(
+            lambda: generate_latest(registry),
+            CONTENT_TYPE_LATEST,
+            auth=auth,
+            tls=metrics_tls(settings.metrics_cert_dir, settings.metrics_client_ca),
+        )
+
     @property
     def metrics_bound_port(self) -> int:
         """The port /metrics listens on (the one asked for, or the one port 0 chose); 0: none."""
-        if self._metrics_runner is None or not self._metrics_runner.addresses:
-            return 0
-        return int(self._metrics_runner.addresses[0][1])
+        return self.metrics_server.port if self.metrics_server is not None else 0
 
     async def stop(self) -> None:
         """Stop accepting (health NOT_SERVING), let requests in flight finish within the drain
@@ -294,10 +304,5 @@ class Service:
             await self.discovery.stop()
         for task in list(self._background):
             task.cancel()
-        if self._metrics_runner is not None:
-            await self._metrics_runner.cleanup()
-
-    async def _serve_metrics(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()

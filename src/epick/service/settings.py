@@ -62,6 +62,12 @@ class Settings:
     extproc: ExtProcOptions | None = None
     metrics_port: int | None = 9090  # epick's own /metrics; None: not served
     metrics_host: str = "0.0.0.0"
+    # /metrics behind TokenReview and SubjectAccessReview (`--metrics-endpoint-auth`; with Kubernetes
+    # discovery only, as upstream), over TLS from a directory with tls.crt and tls.key, client
+    # certificates required with a CA.
+    metrics_auth: bool = False
+    metrics_cert_dir: str | None = None
+    metrics_client_ca: str | None = None
     refresh_metrics_interval: float = 0.05
     metrics_staleness_threshold: float | None = None
     objectives: tuple[tuple[str, int], ...] = ()  # objective name -> priority
@@ -129,6 +135,13 @@ class Settings:
                 self.leader_election.check()
             except ValueError as e:
                 raise SettingsError(str(e)) from None
+        if self.metrics_client_ca and not self.metrics_cert_dir:
+            raise SettingsError('"metrics-client-ca-file" requires "metrics-cert-dir"')
+        if self.metrics_cert_dir and not (self.metrics_client_ca or self.metrics_auth):
+            raise SettingsError(
+                '"metrics-cert-dir" enables metrics TLS without authentication; set "metrics-client-ca-file" '
+                'or "metrics-endpoint-auth"'
+            )
         if self.config_file and self.config_text:
             raise SettingsError("give a config file or a config text, not both")
         if self.log_format not in ("text", "json"):

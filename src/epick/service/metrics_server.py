@@ -1,0 +1,210 @@
+"""The metrics port: `/metrics` (and the debug handlers beside it), authenticated and authorized as
+controller-runtime's `filters.WithAuthenticationAndAuthorization` does it for the Go EPP
+(`--metrics-endpoint-auth`), over TLS with `--metrics-cert-dir` (and client certificates with
+`--metrics-client-ca-file`).
+
+Authentication: the request's bearer token goes to the API server in a TokenReview; its answer is
+kept a minute per token. Authorization: a SubjectAccessReview for the user it names, the request's
+path and its method as the verb (`get /metrics`); an allow is kept five minutes, a deny thirty
+seconds. A request without a bearer token gets 401, one whose token the review rejects 500
+("Authentication failed", as upstream's filter answers), one the review denies 403, naming the user.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from epick.datalayer.discovery.kubernetes.api import Json, _describe, call_json
+
+__all__ = ["MetricsAuth", "MetricsServer", "metrics_tls"]
+
+log = logging.getLogger(__name__)
+
+TOKEN_TTL_S = 60.0
+ALLOW_TTL_S = 300.0
+DENY_TTL_S = 30.0
+REVIEW_TIMEOUT_S = 10.0
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True, slots=True)
+class _User:
+    name: str
+    uid: str
+    groups: tuple[str, ...]
+    extra: Mapping[str, Any]
+
+
+def _text(status: int, body: str) -> web.Response:
+    """An error as Go's http.Error writes it."""
+    return web.Response(
+        status=status,
+        text=body + "\n",
+        content_type="text/plain",
+        charset="utf-8",
+        headers={"X-Content-Type-Options": "nosniff"},
+    )
+
+
+class MetricsAuth:
+    """TokenReview, then SubjectAccessReview, through the API client `api()` returns (the service's
+    Kubernetes client; None while there is none: every request is refused with 500)."""
+
+    def __init__(self, api: Callable[[], Any], clock: Callable[[], float] = time.monotonic) -> None:
+        self.api = api
+        self.clock = clock
+        self._tokens: dict[str, tuple[float, _User | None]] = {}
+        self._reviews: dict[str, tuple[float, bool]] = {}
+
+    async def check(self, request: web.Request) -> web.Response | None:
+        """None when the request may be served; else the answer that refuses it."""
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return _text(401, "Unauthorized")
+        try:
+            user = await self._authenticate(token)
+        except Exception as e:  # the API server could not answer
+            log.warning("metrics: TokenReview failed: %s", _describe(e))
+            return _text(500, "Authentication failed")
+        if user is None:
+            return _text(500, "Authentication failed")
+        try:
+            allowed = await self._authorize(user, request.path, request.method.lower())
+        except Exception as e:
+            log.warning("metrics: SubjectAccessReview for %s failed: %s", user.name, _describe(e))
+            return _text(500, f"Authorization for user {user.name} failed")
+        if not allowed:
+            return _text(403, f"Authorization denied for user {user.name}")
+        return None
+
+    async def _authenticate(self, token: str) -> _User | None:
+        now = self.clock()
+        cached = self._tokens.get(token)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        review = await self._create(
+            "authentication.k8s.io",
+            "tokenreviews",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}},
+        )
+        status = review.get("status") or {}
+        user: _User | None = None
+        if status.get("authenticated"):
+            info = status.get("user") or {}
+            groups = [str(g) for g in info.get("groups") or []]
+            if "system:authenticated" not in groups:
+                groups.append("system:authenticated")
+            user = _User(
+                str(info.get("username", "")),
+                str(info.get("uid", "")),
+                tuple(groups),
+                info.get("extra") or {},
+            )
+        self._tokens[token] = (now + TOKEN_TTL_S, user)
+        return user
+
+    async def _authorize(self, user: _User, path: str, verb: str) -> bool:
+        spec: Json = {
+            "nonResourceAttributes": {"path": path, "verb": verb},
+            "user": user.name,
+            "groups": list(user.groups),
+        }
+        if user.uid:
+            spec["uid"] = user.uid
+        if user.extra:
+            spec["extra"] = dict(user.extra)
+        key = json.dumps(spec, sort_keys=True)
+        now = self.clock()
+        cached = self._reviews.get(key)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        review = await self._create(
+            "authorization.k8s.io",
+            "subjectaccessreviews",
+            {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec},
+        )
+        allowed = bool((review.get("status") or {}).get("allowed"))
+        self._reviews[key] = (now + (ALLOW_TTL_S if allowed else DENY_TTL_S), allowed)
+        return allowed
+
+    async def _create(self, group: str, plural: str, body: Json) -> Json:
+        from kubernetes_asyncio import client
+
+        api_client = self.api()
+        if api_client is None:
+            raise RuntimeError("no Kubernetes API client yet")
+        api = client.CustomObjectsApi(api_client)
+        return await call_json(
+            api.create_cluster_custom_object, group, "v1", plural, body, timeout=REVIEW_TIMEOUT_S
+        )
+
+
+def metrics_tls(cert_dir: str | None, client_ca: str | None) -> ssl.SSLContext | None:
+    """The metrics port's TLS: the pair in `cert_dir` (tls.crt, tls.key; re-read when they change),
+    client certificates required with `client_ca`; None without a directory (plain HTTP)."""
+    if cert_dir is None:
+        return None
+    from epick.extproc.tls import CertificateStore, ServerContexts
+
+    store = CertificateStore(cert_dir, client_ca, reload=True)
+    return ServerContexts(store, alpn=("http/1.1",)).context()
+
+
+class MetricsServer:
+    """`/metrics` from `page()` and the extra routes, on `host:port`, behind `auth` when given."""
+
+    def __init__(
+        self,
+        page: Callable[[], bytes],
+        content_type: str,
+        *,
+        auth: MetricsAuth | None = None,
+        tls: ssl.SSLContext | None = None,
+        routes: Mapping[str, Handler] | None = None,
+    ) -> None:
+        self.page = page
+        self.content_type = content_type
+        self.auth = auth
+        self.tls = tls
+        self.routes = dict(routes or {})
+        self._runner: web.AppRunner | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        app = web.Application(middlewares=[self._guard])
+        app.router.add_get("/metrics", self._metrics)
+        for path, handler in self.routes.items():
+            app.router.add_get(path, handler)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, host or None, port, ssl_context=self.tls).start()
+
+    @property
+    def port(self) -> int:
+        if self._runner is None or not self._runner.addresses:
+            return 0
+        return int(self._runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if self.auth is not None:
+            refused = await self.auth.check(request)
+            if refused is not None:
+                return refused
+        return await handler(request)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.page(), headers={"Content-Type": self.content_type})
