@@ -219,3 +219,20 @@ HOW: dict[str, str] = {
     "lease-renew-deadline": "epick's own (upstream: controller-runtime's 10s, not settable)",
     "lease-retry-period": "epick's own (upstream: controller-runtime's 2s, not settable)",
 }
+
+
+def flags_table() -> str:
+    """docs/deploy.md's table of every flag: name, upstream's default, what epp does with it."""
+    rows = ["| flag | default | epick |", "|---|---|---|"]
+    for spec in FLAGS:
+        default = spec.default
+        if isinstance(default, bool):
+            shown = str(default).lower()
+        elif isinstance(default, tuple):
+            shown = "[]" if not default else ",".join(map(str, default))
+        elif spec.kind == "duration" and isinstance(default, float):
+            shown = f"{default:g}s"
+        else:
+            shown = str(default) or '""'
+        rows.append(f"| `--{spec.name}` | `{shown}` | {HOW[spec.name]} |")
+    return "\n".join(rows) + "\n"
