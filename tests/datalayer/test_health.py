@@ -39,7 +39,7 @@ def test_consecutive_failures_eject_for_a_growing_time_and_successes_reset_the_r
     health.answered("e0", 503)
     health.answered("e0", 502)
     assert "e0" in candidates(ds)
-    health.answered("e0", 500)  # three in a row
+    health.answered("e0", 504)  # three in a row
     assert "e0" not in candidates(ds) and ds.is_ejected("e0")
     clock.now += 9.9
     assert "e0" not in candidates(ds)
@@ -125,3 +125,20 @@ def test_zero_consecutive_failures_turns_outlier_detection_off() -> None:
         health.answered("e0", 503)
         health.failed("e0", "no first byte")
     assert ds.ejected_count() == 0 and candidates(ds) == ["e0", "e1"]
+
+
+def test_answers_the_request_may_have_caused_never_eject() -> None:
+    """A 500 (a body that is not what its Content-Encoding says, a prompt too long) is the request's
+    doing as often as the server's: any number of them ejects nothing, and breaks a run of gateway
+    failures."""
+    clock = Clock()
+    ds = pool(10, clock)
+    health = EndpointHealth(ds, OutlierPolicy(consecutive_failures=3), clock)
+    for status in (500, 500, 500, 500, 400, 413, 500, 501):
+        health.answered("e0", status)
+    assert "e0" in candidates(ds) and not ds.is_ejected("e0")
+    health.answered("e0", 503)
+    health.answered("e0", 503)
+    health.answered("e0", 500)
+    health.answered("e0", 503)
+    assert "e0" in candidates(ds)

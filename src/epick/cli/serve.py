@@ -118,7 +118,8 @@ def _limit_flags(p: argparse.ArgumentParser) -> None:
         "--outlier-consecutive-5xx",
         type=int,
         default=5,
-        help="5xx or first-byte timeouts in a row that eject an endpoint (Envoy's default 5; 0: no outlier "
+        help="502/503/504 answers or first-byte timeouts in a row that eject an endpoint (Envoy's default 5; "
+        "0: no outlier "
         "detection, and ext_proc need not see response headers for it)",
     )
     p.add_argument(

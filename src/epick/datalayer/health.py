@@ -3,12 +3,18 @@ layer: outlier detection (Envoy's, in its defaults) and endpoints found unreacha
 
 - An endpoint that cannot be reached (connection refused or reset, a response broken off) leaves the
   candidates at once, and comes back when its metrics answer again (the scraper marks it healthy).
-- An endpoint that answers `consecutive_failures` 5xx (or first-byte timeouts) in a row is ejected
+- An endpoint that fails `consecutive_failures` times in a row is ejected
   for `base_ejection_s` × the number of times it has been ejected in a row, at most
   `max_ejection_s`; each `base_ejection_s` it then stays clean takes one off that count. At most
   `max_ejection_percent` of the endpoints are ejected at once, but always at least one may be
   (Envoy's outlier detection: consecutive_5xx 5, base_ejection_time 30 s, max_ejection_time 300 s,
   max_ejection_percent 10). A success resets the run of failures.
+
+Only failures that implicate the endpoint count: first-byte timeouts, and the answers a server gives
+when it is overloaded or broken behind itself (502, 503, 504, as Envoy's consecutive gateway failures).
+Any other answer, a 500 included, resets the run: the server answered, and what went wrong may be the
+request's (a body that is not what its Content-Encoding says, a prompt too long), which a client could
+otherwise use to get healthy servers ejected.
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ from dataclasses import dataclass, field
 from epick.datalayer.datastore import Datastore
 
 log = logging.getLogger(__name__)
+
+# The answers that implicate the server rather than the request (Envoy's gateway failures).
+GATEWAY_FAILURES = frozenset({502, 503, 504})
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +76,11 @@ class EndpointHealth:
         self.datastore.set_healthy(name, False)
 
     def answered(self, name: str, status: int) -> None:
-        """A response's status: 5xx counts towards ejection, anything else resets the count."""
+        """A response's status: a gateway failure (502, 503, 504) counts towards ejection, anything
+        else resets the count."""
         if not self.policy.counts_statuses:
             return
-        if status >= 500:
+        if status in GATEWAY_FAILURES:
             self.failed(name, f"answered {status}")
         else:
             self.succeeded(name)
