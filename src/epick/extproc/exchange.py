@@ -44,8 +44,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epick.extproc import messages
 from epick.framework import Endpoint, Response
+from epick.requestcontrol import errors
 from epick.requestcontrol.director import DEFAULT_PATH, Director, RequestCycle, ResponseNeeds
 from epick.requestcontrol.errors import RequestError, too_large
+from epick.wire.http_messages import BodyDecodeError, BodyTooLargeError, decode_body
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +144,9 @@ class Exchange:
     # The gateway's endpoint subset hint (the addresses the request may go to), from the messages'
     # metadata; None: no hint.
     subset: frozenset[str] | None = None
+    # The body came with a Content-Encoding and was decoded to be read: whatever is forwarded decoded
+    # goes without that header.
+    decoded: bool = False
 
     @property
     def body(self) -> bytes:
@@ -241,12 +246,32 @@ class Exchange:
         if self.director.needs_async:
             self.pending = (phase, more)  # flow control or a tokenizer call: see `admit`
             return []
-        received = self.body
         try:
-            decision = self.director.decide(received, self.headers, _path(self.headers), self.subset)
+            received, headers = self._decoded()
+            decision = self.director.decide(received, headers, _path(headers), self.subset)
         except RequestError as e:
             return self._fail(e)
         return self._routed(decision, received, phase=phase, more=more)
+
+    def _decoded(self) -> tuple[bytes, dict[str, str]]:
+        """The request body as its parser reads it, decoded from its Content-Encoding (and the
+        headers without it), else as it came. Raises `RequestError`: 400 for a body that is not what
+        its label says (routing it would have the model server fail on it), 413 past the limit."""
+        body, headers = self.body, self.headers
+        encoding = headers.get("content-encoding", "").strip().lower()
+        if not encoding or encoding == "identity":
+            return body, headers
+        limit = self.director.max_body_bytes
+        try:
+            decoded = decode_body(body, encoding, limit)
+        except BodyDecodeError as e:
+            raise errors.bad_request(
+                f"request body cannot be decoded as Content-Encoding {encoding}: {e}"
+            ) from None
+        except BodyTooLargeError:
+            raise too_large(None, limit) from None
+        self.decoded = True
+        return decoded, {k: v for k, v in headers.items() if k != "content-encoding"}
 
     async def admit(self) -> list[pb.ProcessingResponse]:
         """Decide the pending routing asynchronously: ask the model server for tokens when a token
@@ -256,9 +281,9 @@ class Exchange:
         assert self.pending is not None
         phase, more = self.pending
         self.pending = None
-        received = self.body
         try:
-            decision = self.director.begin(received, self.headers, _path(self.headers), self.subset)
+            received, headers = self._decoded()
+            decision = self.director.begin(received, headers, _path(headers), self.subset)
             await decision.admit()
         except RequestError as e:
             return self._fail(e)
@@ -268,6 +293,8 @@ class Exchange:
         self, decision: RequestCycle, received: bytes, *, phase: str, more: bool
     ) -> list[pb.ProcessingResponse]:
         answers = self._routing_answers(decision, received, phase=phase, more=more)
+        if self.decoded and (decision.body != received or self.modes.request_body == FULL_DUPLEX_STREAMED):
+            _drop_encoding(answers)  # the body goes decoded
         if not more:
             self._end_early()
         return answers
@@ -415,6 +442,15 @@ class Exchange:
             self._complete(None)
         else:
             self._complete("stream ended before the response did")
+
+
+def _drop_encoding(answers: list[pb.ProcessingResponse]) -> None:
+    """Remove Content-Encoding in the answer that carries the routing headers."""
+    for answer in answers:
+        for phase in ("request_headers", "request_body"):
+            if answer.HasField(phase) and getattr(answer, phase).response.HasField("header_mutation"):
+                getattr(answer, phase).response.header_mutation.remove_headers.append("content-encoding")
+                return
 
 
 def _routed_headers(decision: RequestCycle, *, content_length: int | None) -> pb.ProcessingResponse:

@@ -222,6 +222,22 @@ class _Decoder:
             raise BodyDecodeError(self.failed)
 
 
+def decode_body(body: bytes, encoding: str, limit: int) -> bytes:
+    """A whole body decoded from its Content-Encoding (gzip, deflate, br): `BodyDecodeError` when it
+    is not what the label says, or the label is one epick cannot decode; `BodyTooLargeError` past
+    `limit` bytes decoded."""
+    decoder = _decoder(encoding, limit)
+    if decoder is None:
+        return body
+    if decoder.failed:
+        raise BodyDecodeError(decoder.failed)
+    decoded = decoder.decode(body)
+    decoder.flush()
+    if len(decoded) > limit:
+        raise BodyTooLargeError(len(decoded))
+    return decoded
+
+
 def _decoder(encoding: str, limit: int) -> _Decoder | None:
     encoding = encoding.strip().lower()
     if not encoding or encoding == "identity":
