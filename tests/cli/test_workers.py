@@ -621,3 +621,10 @@ async def test_a_dead_workers_socket_and_those_it_covered_go_to_running_workers(
     supervisor.workers[2].writer = None
     supervisor._cover(2)  # stopping: nobody takes over
     assert links[0].sent == []
+
+
+def test_a_worker_that_ran_healthy_restarts_after_the_first_backoff() -> None:
+    from epick.service.workers.supervisor import FIRST_BACKOFF, HEALTHY_RUN_S, MAX_BACKOFF, restart_delay
+
+    assert restart_delay(MAX_BACKOFF, ran=HEALTHY_RUN_S + 55) == FIRST_BACKOFF  # 85 s healthy: 0.5 s
+    assert restart_delay(4.0, ran=1.0) == 4.0  # dying at once: the grown backoff holds

@@ -19,7 +19,8 @@ One Python process decides and relays on one core. With N workers:
   their state per worker (`worker_state`; a warning names them); flow control, whose queues cannot be split,
   is refused with `--workers` above 1. Where either would split the service, the default count
   (`default_workers`) is one.
-- A worker that dies is started again (after 0.5 s, doubling to 8 s while it keeps dying). The hub
+- A worker that dies is started again (after 0.5 s, doubling to 8 s while it keeps dying; a worker that
+  ran 30 s or more before it died starts again after 0.5 s). The hub
   forwards what it had published, then tells the others it left (its requests in flight ended with
   its connections, which are reset: their clients see the error). The new one loads a snapshot of a
   running worker's replicated state, so no decision recorded before is lost.

@@ -28,6 +28,14 @@ from epick.service.workers.sockets import bind_proxy, reserve_grpc
 log = logging.getLogger(__name__)
 
 FIRST_BACKOFF, MAX_BACKOFF = 0.5, 8.0
+# A worker that ran this long before exiting was healthy: its restart waits the first backoff again.
+HEALTHY_RUN_S = 30.0
+
+
+def restart_delay(backoff: float, ran: float) -> float:
+    """How long to wait before starting a worker that exited after running `ran` seconds, given the
+    backoff its last restarts reached: the first backoff again after a healthy run."""
+    return FIRST_BACKOFF if ran >= HEALTHY_RUN_S else backoff
 
 
 @dataclasses.dataclass(slots=True)
@@ -110,8 +118,11 @@ class Supervisor:
                 # for the restart. The supervisor keeps them all open.
                 fds = tuple(s.fileno() for s in self.sockets)
                 args += ["--proxy-fds", ",".join(map(str, fds))]
+            loop = asyncio.get_running_loop()
+            started = loop.time()
             worker.process = await asyncio.create_subprocess_exec(*args, pass_fds=fds)
             code = await worker.process.wait()
+            backoff = restart_delay(backoff, loop.time() - started)
             if self.stopping:
                 return
             with contextlib.suppress(TimeoutError):  # its last frames are read and forwarded first
