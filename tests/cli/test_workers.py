@@ -628,3 +628,37 @@ def test_a_worker_that_ran_healthy_restarts_after_the_first_backoff() -> None:
 
     assert restart_delay(MAX_BACKOFF, ran=HEALTHY_RUN_S + 55) == FIRST_BACKOFF  # 85 s healthy: 0.5 s
     assert restart_delay(4.0, ran=1.0) == 4.0  # dying at once: the grown backoff holds
+
+
+async def test_every_worker_serves_the_same_self_signed_certificate(
+    make_sim: MakeSim, serve: Callable[..., Awaitable[Served]]
+) -> None:
+    """Without --cert-path, one self-signed pair for all workers: a gateway that pins or caches the
+    certificate sees the same one on every connection, whichever worker accepts it."""
+    import ssl
+
+    sim = await make_sim()
+    grpc_port = free_port()
+    served = await serve(
+        [f"127.0.0.1:{sim.port}"], "--workers", "2", "--extproc",
+        "--grpc-port", str(grpc_port), "--grpc-health-port", str(free_port()),
+    )  # fmt: skip
+    assert len(served.workers()) == 2
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    seen: set[bytes] = set()
+    connections = 0
+    for _ in range(200):
+        try:
+            _reader, writer = await asyncio.open_connection("127.0.0.1", grpc_port, ssl=context)
+        except OSError:
+            await asyncio.sleep(0.05)  # not listening yet
+            continue
+        seen.add(writer.get_extra_info("ssl_object").getpeercert(binary_form=True))
+        writer.close()
+        connections += 1
+        if len(seen) > 1 or connections >= 24:  # both workers accept, by SO_REUSEPORT's hash
+            break
+    assert len(seen) == 1

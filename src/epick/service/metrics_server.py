@@ -12,6 +12,7 @@ seconds. A request without a bearer token gets 401, one whose token the review r
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import ssl
@@ -164,7 +165,7 @@ class MetricsServer:
 
     def __init__(
         self,
-        page: Callable[[], bytes],
+        page: Callable[[], bytes | Awaitable[bytes]],
         content_type: str,
         *,
         auth: MetricsAuth | None = None,
@@ -207,4 +208,6 @@ class MetricsServer:
         return await handler(request)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.page(), headers={"Content-Type": self.content_type})
+        page = self.page()
+        body = await page if inspect.isawaitable(page) else page
+        return web.Response(body=body, headers={"Content-Type": self.content_type})

@@ -42,12 +42,21 @@ class Role:
 
 def worker_settings(settings: Settings, role: Role) -> Settings:
     """The settings a worker serves with: its proxy numbered, the gRPC ports shared, its /metrics on
-    a loopback port of its own (the supervisor serves the merged page); `workers` stays the count,
-    which the config's plugins are built for."""
+    a loopback port of its own, plain (the supervisor serves the merged page, with the settings'
+    authentication and TLS); `workers` stays the count, which the config's plugins are built for."""
     proxy = dataclasses.replace(settings.proxy, worker=role.index) if settings.proxy else None
     extproc = dataclasses.replace(settings.extproc, shared_ports=True) if settings.extproc else None
     return dataclasses.replace(
-        settings, metrics_port=0, metrics_host="127.0.0.1", proxy=proxy, extproc=extproc, workers=role.count
+        settings,
+        metrics_port=0,
+        metrics_host="127.0.0.1",
+        # the loopback page only the supervisor reads: its own page is the guarded one
+        metrics_auth=False,
+        metrics_cert_dir=None,
+        metrics_client_ca=None,
+        proxy=proxy,
+        extproc=extproc,
+        workers=role.count,
     )
 
 

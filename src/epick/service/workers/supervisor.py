@@ -17,9 +17,10 @@ from typing import Any
 
 import aiohttp
 import msgpack
-from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
+from epick.datalayer.discovery.kubernetes.client import load_client
+from epick.service.metrics_server import MetricsAuth, MetricsServer, metrics_tls
 from epick.service.settings import Settings
 from epick.service.workers.frames import UPDATES, frame, read_frame, read_raw_frame
 from epick.service.workers.merge import MergedPages
@@ -71,7 +72,8 @@ class Supervisor:
         self.settings_path = ""
         self._hub: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._metrics: web.AppRunner | None = None
+        self._metrics: MetricsServer | None = None
+        self._api: Any = None  # the Kubernetes client /metrics authentication asks
         self._stopped = asyncio.Event()
 
     async def run(self) -> None:
@@ -81,6 +83,7 @@ class Supervisor:
         with tempfile.TemporaryDirectory(prefix="epick-hub-") as tmp:
             self.hub_path = str(Path(tmp) / "hub.sock")
             self.settings_path = str(Path(tmp) / "settings.pickle")
+            self.settings = _one_certificate(self.settings, Path(tmp))
             Path(self.settings_path).write_bytes(pickle.dumps(self.settings))
             self._hub = await asyncio.start_unix_server(self._link, self.hub_path)
             loop = asyncio.get_running_loop()
@@ -156,7 +159,9 @@ class Supervisor:
         for task in list(self._tasks):
             task.cancel()
         if self._metrics is not None:
-            await self._metrics.cleanup()
+            await self._metrics.stop()
+        if self._api is not None:
+            await self._api.close()
         if self._hub is not None:
             self._hub.close()
         for held in [*self.sockets, *self._held]:
@@ -234,13 +239,22 @@ class Supervisor:
     # --- metrics: the workers' series, merged -------------------------------------------------
 
     async def _serve_metrics(self) -> None:
-        app = web.Application()
-        app.router.add_get("/metrics", self._metrics_page)
-        self._metrics = web.AppRunner(app, access_log=None)
-        await self._metrics.setup()
-        await web.TCPSite(self._metrics, self.metrics_host, self.metrics_port).start()
+        """The merged page, behind the settings' authentication (a client of the supervisor's own)
+        and TLS."""
+        settings, auth = self.settings, None
+        if settings.metrics_auth and settings.kubernetes is not None:
+            self._api = await load_client(settings.kubernetes.kubeconfig)
+            auth = MetricsAuth(lambda: self._api)
+        self._metrics = MetricsServer(
+            self._metrics_page,
+            "text/plain; version=0.0.4",
+            auth=auth,
+            tls=metrics_tls(settings.metrics_cert_dir, settings.metrics_client_ca),
+        )
+        assert self.metrics_port is not None
+        await self._metrics.start(self.metrics_host, self.metrics_port)
 
-    async def _metrics_page(self, request: web.Request) -> web.Response:
+    async def _metrics_page(self) -> bytes:
         pages: list[str] = []
         timeout = aiohttp.ClientTimeout(total=5)
         async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -254,6 +268,22 @@ class Supervisor:
                     log.warning("worker %d's metrics could not be read: %s", worker.index, e)
         registry = CollectorRegistry()
         registry.register(MergedPages(pages))
-        return web.Response(
-            body=generate_latest(registry), headers={"Content-Type": "text/plain; version=0.0.4"}
-        )
+        return bytes(generate_latest(registry))
+
+
+def _one_certificate(settings: Settings, tmp: Path) -> Settings:
+    """With TLS and no certificate given, one self-signed pair for every worker (in `tmp`), so that a
+    gateway sees the same certificate whichever worker its connection lands on."""
+    extproc = settings.extproc
+    if extproc is None or not extproc.secure or extproc.cert_path is not None:
+        return settings
+    from epick.extproc.tls import CERT_FILE, KEY_FILE, self_signed
+
+    key, cert = self_signed()
+    directory = tmp / "self-signed"
+    directory.mkdir(mode=0o700)
+    (directory / KEY_FILE).touch(mode=0o600)
+    (directory / KEY_FILE).write_bytes(key)
+    (directory / CERT_FILE).write_bytes(cert)
+    shared = dataclasses.replace(extproc, cert_path=str(directory), cert_reload=False)
+    return dataclasses.replace(settings, extproc=shared)
