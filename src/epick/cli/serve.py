@@ -99,6 +99,13 @@ def _limit_flags(p: argparse.ArgumentParser) -> None:
         default=16 * 1024 * 1024,
         help="largest request body (413 above), both front ends",
     )
+    p.add_argument(
+        "--max-bodies-bytes",
+        type=int,
+        default=None,
+        help="request bodies held at once, each front end (503 past it; default 4 x --max-body-bytes; "
+        "0: no limit)",
+    )
     p.add_argument("--connect-timeout", default="5s")
     p.add_argument("--read-timeout", default="600s", help="longest silence between chunks of a response")
     p.add_argument(
@@ -277,6 +284,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
             objectives=_objectives(args.objective),
             pool_name=args.pool_name or "epick",
             max_body_bytes=args.max_body_bytes,
+            max_bodies_bytes=args.max_bodies_bytes,
             model_rewrites_file=args.model_rewrites,
             rewrites_pool=args.pool_name,
             outliers=OutlierPolicy(

@@ -47,6 +47,7 @@ from epick.framework import Endpoint, Response
 from epick.requestcontrol import errors
 from epick.requestcontrol.director import DEFAULT_PATH, Director, RequestCycle, ResponseNeeds
 from epick.requestcontrol.errors import RequestError, too_large
+from epick.wire.budget import BodyBudget
 from epick.wire.http_messages import BodyDecodeError, BodyTooLargeError, decode_body
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,9 @@ class Exchange:
     # The body came with a Content-Encoding and was decoded to be read: whatever is forwarded decoded
     # goes without that header.
     decoded: bool = False
+    # The request-body bytes all streams hold at once (the server's), and what this one holds of them.
+    budget: BodyBudget | None = None
+    held: int = 0
 
     @property
     def body(self) -> bytes:
@@ -215,6 +219,10 @@ class Exchange:
         limit = self.director.max_body_bytes
         if self.size > limit:
             return self._fail(too_large(self.size, limit))
+        if self.budget is not None:
+            if not self.budget.take(len(message.body)):
+                return self._fail(errors.bodies_held())
+            self.held += len(message.body)
         whole = message.end_of_stream or self.modes.request_body in (BUFFERED, BUFFERED_PARTIAL)
         if whole:
             return self._route(phase="body", more=not message.end_of_stream)
@@ -252,6 +260,13 @@ class Exchange:
         except RequestError as e:
             return self._fail(e)
         return self._routed(decision, received, phase=phase, more=more)
+
+    def release_body(self) -> None:
+        """Give back what the request body held of the budget; the pieces are no longer needed."""
+        if self.budget is not None and self.held:
+            self.budget.give(self.held)
+            self.held = 0
+            self.pieces = []
 
     def _decoded(self) -> tuple[bytes, dict[str, str]]:
         """The request body as its parser reads it, decoded from its Content-Encoding (and the
@@ -293,6 +308,7 @@ class Exchange:
         self, decision: RequestCycle, received: bytes, *, phase: str, more: bool
     ) -> list[pb.ProcessingResponse]:
         answers = self._routing_answers(decision, received, phase=phase, more=more)
+        self.release_body()  # routed: what is forwarded is in the answers
         if self.decoded and (decision.body != received or self.modes.request_body == FULL_DUPLEX_STREAMED):
             _drop_encoding(answers)  # the body goes decoded
         if not more:
@@ -364,6 +380,7 @@ class Exchange:
             _logged_unroutable.add(log_once)
             log.error("%s", error.message)
         self.closed = True
+        self.release_body()
         return [messages.immediate(error)]
 
     # The response.
@@ -438,6 +455,7 @@ class Exchange:
         """The stream ended: a response that did not finish is reported complete, with an error;
         unless epick asked for less than its body (`mode_override`): then the end of the stream is the
         end of the response."""
+        self.release_body()
         if self.overridden and (self.response is not None or self.needs is ResponseNeeds.NONE):
             self._complete(None)
         else:

@@ -27,6 +27,7 @@ from epick.extproc.messages import immediate
 from epick.extproc.stream_metrics import StreamMetrics
 from epick.requestcontrol.admission import evicted_error
 from epick.requestcontrol.director import Director
+from epick.wire.budget import BodyBudget
 from epick.wire.grpc_call import Call, Limits
 from epick.wire.grpc_server import GrpcServer
 from epick.wire.h2 import MESSAGE_BYTES, Status
@@ -46,11 +47,17 @@ class ProcessCall:
 
     __slots__ = ("_held", "_opened", "_stats", "_watching", "admission", "call", "ended_by_envoy", "exchange")
 
-    def __init__(self, director: Director, call: Call, stats: StreamMetrics | None = None) -> None:
+    def __init__(
+        self,
+        director: Director,
+        call: Call,
+        stats: StreamMetrics | None = None,
+        budget: BodyBudget | None = None,
+    ) -> None:
         self.call = call
         self._stats = stats
         self._opened = stats.opened() if stats is not None else 0.0
-        self.exchange = Exchange(director)
+        self.exchange = Exchange(director, budget=budget)
         self._held: list[bytes] | None = None  # not None while an admission is pending
         self._watching = False  # registered for flow control's eviction
         self.admission: asyncio.Task[None] | None = None
@@ -166,6 +173,9 @@ class ExtProcOptions:
     # drain timeout ends), as the Go EPP keeps serving through its drain window: a gateway may send to
     # this replica until it learns that it is going. 0: stop accepting at once (`epick serve`).
     drain_quiet: float = 0.0
+    # The request bodies held at once over every stream; past it a body is answered 503 (0: no limit).
+    # Set from the service's settings (four times the largest body by default).
+    max_bodies_bytes: int = 64 * 1024 * 1024
     # The ext_proc stream metrics (`--enable-grpc-stream-metrics`).
     stream_metrics: bool = False
     # `epick serve --workers`: every worker listens on the ports (SO_REUSEPORT; the kernel spreads
@@ -187,6 +197,7 @@ class ExtProcServer:
         self.health_port = options.health_port
         self.health = health or HealthService()
         self.stream_metrics = StreamMetrics() if options.stream_metrics else None
+        self.bodies = BodyBudget(options.max_bodies_bytes or None)
         self.certificates: CertificateStore | None = None  # with TLS: what both ports serve
         self._server: GrpcServer | None = None
         self._health_server: GrpcServer | None = None
@@ -203,8 +214,8 @@ class ExtProcServer:
         self.certificates = store
         tls = ServerContexts(store).context() if store is not None else None
         director = self.director
-        stats = self.stream_metrics
-        methods = {PROCESS: lambda call: ProcessCall(director, call, stats), **self.health.methods()}
+        stats, budget = self.stream_metrics, self.bodies
+        methods = {PROCESS: lambda call: ProcessCall(director, call, stats, budget), **self.health.methods()}
         # Health on the ext_proc port too: a gateway health-checks the cluster it sends ext_proc to.
         self._server = GrpcServer(
             methods, Limits(max_streams=options.max_streams, max_message_bytes=options.max_message_bytes)

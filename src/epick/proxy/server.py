@@ -39,6 +39,7 @@ from epick.requestcontrol.director import (
     RequestCycle,
 )
 from epick.requestcontrol.errors import RequestError
+from epick.wire.budget import BodiesHeldError, BodyBudget
 from epick.wire.deadlines import Deadlines, Scope
 from epick.wire.http_messages import BodyDecodeError, BodyTooLargeError, Reply, Request
 from epick.wire.http_server import HTTPServer
@@ -80,6 +81,16 @@ class ProxyOptions:
     body_timeout: float = 30.0  # and its body within this after them (a short body: 408)
     keepalive_timeout: float = 75.0  # an idle client connection is closed after this
     max_connections: int = 10_000  # open client connections; more are answered 503 (0: no limit)
+    # The request bodies held at once, over every connection; a body past it is answered 503 (None:
+    # four times `max_body_bytes`; 0: no limit).
+    max_bodies_bytes: int | None = None
+
+    @property
+    def bodies_limit(self) -> int | None:
+        if self.max_bodies_bytes is None:
+            return 4 * self.max_body_bytes
+        return self.max_bodies_bytes or None
+
     # An attempt that has no response headers after this moves on to the next endpoint (a hung
     # server); a request as a whole, attempts and streaming included, ends after request_timeout.
     first_byte_timeout: float = 120.0
@@ -121,6 +132,7 @@ class Proxy:
             head_timeout=options.head_timeout,
             keepalive_timeout=options.keepalive_timeout,
             max_connections=options.max_connections,
+            bodies=BodyBudget(options.bodies_limit),
         )
 
     async def start(self, sock: socket.socket | None = None) -> None:
@@ -173,6 +185,9 @@ class Proxy:
             return
         except BodyDecodeError as e:  # a body its Content-Encoding cannot decode
             reply.error(errors.bad_request(f"request body cannot be decoded: {e}"), close=True)
+            return
+        except BodiesHeldError:  # the bodies held at once are at the budget: this one is not read
+            reply.error(errors.bodies_held(), close=True)
             return
         except TimeoutError:
             timeout = self.options.body_timeout

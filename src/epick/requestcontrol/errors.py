@@ -66,3 +66,13 @@ def no_parser(path: str, accepted: list[str]) -> RequestError:
         f"no parser accepts the path {path!r}; the configured parsers accept paths ending in {served}",
         "path_not_served",
     )
+
+
+def bodies_held() -> RequestError:
+    """A body refused because the bodies already held at once are at the budget (try again)."""
+    return RequestError(
+        503,
+        "too many request bytes are being received at once; try again",
+        "bodies_held",
+        (("retry-after", "1"),),
+    )

@@ -16,6 +16,7 @@ running ones.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import socket
 from collections.abc import Coroutine
@@ -114,7 +115,14 @@ class Service:
         self.director.emit_scores = settings.emit_endpoint_scores
         self.datastore.subscribe(self.director.endpoint_changed)
         self.proxy = (
-            Proxy(self.director, self.datastore, self.catalog, settings.proxy) if settings.proxy else None
+            Proxy(
+                self.director,
+                self.datastore,
+                self.catalog,
+                dataclasses.replace(settings.proxy, max_bodies_bytes=settings.bodies_limit),
+            )
+            if settings.proxy
+            else None
         )
         # Readiness: synced once the endpoints are known (a static list or a file at once, Kubernetes
         # when listed), leading when elected (with leader election), not draining.
@@ -122,7 +130,13 @@ class Service:
         self.health.synced = settings.kubernetes is None
         self.health.leader = None if settings.leader_election is None else False
         self.extproc = (
-            ExtProcServer(self.director, settings.extproc, self.health) if settings.extproc else None
+            ExtProcServer(
+                self.director,
+                dataclasses.replace(settings.extproc, max_bodies_bytes=settings.bodies_limit),
+                self.health,
+            )
+            if settings.extproc
+            else None
         )
         self.elector: LeaderElector | None = None
         if self.extproc is not None and self.extproc.stream_metrics is not None:

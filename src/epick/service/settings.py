@@ -75,6 +75,9 @@ class Settings:
     seed: int | None = None
     # Both front ends refuse larger request bodies with 413; None: the proxy's limit (or its default).
     max_body_bytes: int | None = None
+    # The request bodies both front ends hold at once, each over its connections: a body past it is
+    # answered 503. None: four times the body limit; 0: no limit.
+    max_bodies_bytes: int | None = None
     # InferenceModelRewrite resources (YAML); those whose poolRef names another pool than
     # `rewrites_pool` are skipped.
     model_rewrites_file: str | None = None
@@ -109,6 +112,13 @@ class Settings:
         if self.max_body_bytes:
             return self.max_body_bytes
         return self.proxy.max_body_bytes if self.proxy else DEFAULT_MAX_BODY_BYTES
+
+    @property
+    def bodies_limit(self) -> int:
+        """The request-body bytes each front end holds at once (0: no limit)."""
+        if self.max_bodies_bytes is None:
+            return 4 * self.body_limit
+        return self.max_bodies_bytes
 
     @property
     def grpc_ports_fixed(self) -> bool:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote
 
 from epick.requestcontrol.errors import RequestError
+from epick.wire.budget import BodiesHeldError, BodyBudget
 
 if TYPE_CHECKING:
     from epick.wire.http_server import _Connection
@@ -79,11 +80,13 @@ class Request:
     """One request: its line and headers, and its body as it arrives."""
 
     __slots__ = (
+        "_budget",
         "_chunks",
         "_conn",
         "_decoder",
         "_done",
         "_error",
+        "_held",
         "_size",
         "_waiter",
         "expect_continue",
@@ -105,8 +108,11 @@ class Request:
         version: str,
         keep_alive: bool,
         limit: int,
+        budget: BodyBudget | None = None,
     ) -> None:
         self._conn = conn
+        self._budget = budget  # the bytes every connection's bodies hold at once
+        self._held = 0
         self.method = method
         self.target = target  # the request target as sent: path and query
         raw_path = target.partition("?")[0]
@@ -146,8 +152,22 @@ class Request:
         if self._size > limit:
             self._error = BodyTooLargeError
             self._chunks = []
+            self.release()
             return
+        if self._budget is not None:
+            if not self._budget.take(len(data)):
+                self._error = BodiesHeldError
+                self._chunks = []
+                self.release()
+                return
+            self._held += len(data)
         self._chunks.append(data)
+
+    def release(self) -> None:
+        """Give back what the body held of the budget (once it is no longer needed)."""
+        if self._budget is not None and self._held:
+            self._budget.give(self._held)
+            self._held = 0
 
     def finish(self) -> None:
         if self._decoder is not None and self._error is None:
@@ -181,6 +201,8 @@ class Request:
             raise BodyTooLargeError()
         if self._error is BodyDecodeError:
             raise BodyDecodeError(self.body_error or "the body does not decode")
+        if self._error is BodiesHeldError:
+            raise BodiesHeldError()
         chunks = self._chunks
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 

@@ -30,6 +30,7 @@ from typing import cast
 
 import httptools
 
+from epick.wire.budget import BodyBudget
 from epick.wire.deadlines import Deadline, Deadlines
 from epick.wire.http_messages import (
     HIGH_WATER,
@@ -56,9 +57,11 @@ class HTTPServer:
         head_timeout: float,
         keepalive_timeout: float,
         max_connections: int = 0,
+        bodies: BodyBudget | None = None,
     ) -> None:
         self.handler = handler
         self.max_body_bytes = max_body_bytes
+        self.bodies = bodies  # the bytes all connections' request bodies hold at once
         self.head_timeout = head_timeout
         self.keepalive_timeout = keepalive_timeout
         self.idle_deadlines = Deadlines(keepalive_timeout)  # one per kept-alive connection between requests
@@ -264,6 +267,7 @@ class _Connection(asyncio.Protocol):
             version=parser.get_http_version(),
             keep_alive=parser.should_keep_alive(),
             limit=self.server.max_body_bytes,
+            budget=self.server.bodies,
         )
         self._parsing = request
         self.queue.append(request)
@@ -307,6 +311,12 @@ class _Connection(asyncio.Protocol):
         self.task = self.loop.create_task(self._serve(request))
 
     async def _serve(self, request: Request) -> None:
+        try:
+            await self._answer(request)
+        finally:
+            request.release()  # its body is no longer held
+
+    async def _answer(self, request: Request) -> None:
         reply = Reply(self, request)
         try:
             await self.server.handler(request, reply)
