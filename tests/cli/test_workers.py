@@ -662,3 +662,24 @@ async def test_every_worker_serves_the_same_self_signed_certificate(
         if len(seen) > 1 or connections >= 24:  # both workers accept, by SO_REUSEPORT's hash
             break
     assert len(seen) == 1
+
+
+def test_merged_running_requests_are_summed_over_the_workers() -> None:
+    """Each worker counts its own requests in flight: the page shows them all (what llm-d's autoscaling
+    guides query), not the largest worker's."""
+
+    def page(running: int) -> str:
+        return (
+            "# TYPE inference_objective_running_requests gauge\n"
+            f'inference_objective_running_requests{{model_name="m"}} {running}.0\n'
+            "# TYPE llm_d_epp_request_running gauge\n"
+            f'llm_d_epp_request_running{{fairness_id="f",model_name="m",priority="0",target_model_name="m"}} '
+            f"{running}.0\n"
+            "# TYPE inference_pool_ready_pods gauge\n"
+            'inference_pool_ready_pods{name="p"} 4.0\n'
+        )
+
+    merged = {s.name: s.value for f in MergedPages([page(3), page(5)]).collect() for s in f.samples}
+    assert merged["inference_objective_running_requests"] == 8.0
+    assert merged["llm_d_epp_request_running"] == 8.0
+    assert merged["inference_pool_ready_pods"] == 4.0

@@ -87,7 +87,7 @@ async def test_a_chart_pod_waits_for_its_pool_serves_through_envoy_and_stops_on_
 
         took = await epp.terminate()
         assert epp.proc.returncode == 0
-        assert took < 10  # idle: the drain ends once no stream is open (the grace period is 130 s)
+        assert 4.5 <= took < 12  # idle: the drain ends 5 s in, once no stream is open (the grace is 130 s)
         lines = epp.log_lines()  # every line is JSON
         assert lines and all(line.keys() >= ZAP_KEYS for line in lines)
         messages = [line["msg"] for line in lines]

@@ -192,6 +192,7 @@ class FakeApiServer:
         self.tokens: dict[str, tuple[str, list[str]]] = {}
         self.allowed: set[tuple[str, str, str]] = set()
         self.reviews: list[Json] = []  # every review asked for
+        self.fail_paths: dict[str, int] = {}  # a path containing the key fails with 500, that many times
         self._rv = 1
         self._min_rv = 0  # a watch from a version older than this is 410 Gone
         self._objects: dict[tuple[str, str, str], Json] = {}  # (resource, namespace, name) -> object
@@ -574,6 +575,10 @@ class FakeApiServer:
     @web.middleware
     async def _record(self, request: web.Request, handler: Any) -> web.StreamResponse:
         self.requests.append((request.path, dict(request.query)))
+        for part, left in list(self.fail_paths.items()):
+            if part in request.path and left > 0:
+                self.fail_paths[part] = left - 1
+                return _error(500, "InternalError", f"injected failure for {part}")
         if self._failures:
             code = self._failures.pop(0)
             return _error(code, "InternalError" if code >= 500 else "BadRequest", f"injected failure {code}")

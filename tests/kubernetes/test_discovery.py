@@ -579,3 +579,25 @@ async def test_in_cluster_configuration_when_in_a_pod(
 )
 def test_fake_label_selectors(selector: str, labels: dict[str, str], expected: bool) -> None:
     assert parse_label_selector(selector)(labels) is expected
+
+
+async def test_waiting_is_synced_once_every_first_list_is_done_not_on_each_retry(
+    fake: FakeApiServer, api: Any
+) -> None:
+    """The pool and its pods list fine but the objectives' list fails a few times: readiness stays off
+    until a start-up succeeds whole, then turns on once (no flapping on each retry)."""
+    fake.put_pool("pool", VLLM, [8000])
+    fake.add_pod("a", VLLM, "10.0.0.1")
+    changes: list[bool] = []
+    fake.fail_paths = {"inferenceobjectives": 3}
+    d = KubernetesDiscovery(
+        Datastore(), "default", pool="pool", api_client=api, on_synced=changes.append,
+        on_objectives=lambda found: None, **FAST,
+    )  # fmt: skip
+    await d.start(wait_for_pool=True)
+    try:
+        await eventually(lambda: d.synced, lambda: changes)
+        assert changes == [True]
+        assert fake.fail_paths == {"inferenceobjectives": 0}  # it did fail, three times
+    finally:
+        await d.stop()

@@ -100,3 +100,23 @@ async def test_metrics_over_tls_with_a_client_certificate(
             await get(server.port, "good", "https", ssl=anonymous)
     finally:
         await server.stop()
+
+
+async def test_the_answers_kept_are_bounded_and_one_review_is_asked_per_key() -> None:
+    import asyncio
+
+    from epick.service import metrics_server
+
+    answers = metrics_server._Answers(lambda: 0.0)
+    asked: list[str] = []
+
+    async def review(key: str) -> tuple[str, float]:
+        asked.append(key)
+        await asyncio.sleep(0)
+        return key.upper(), 60.0
+
+    found = await asyncio.gather(*(answers.get("same", lambda: review("same")) for _ in range(5)))
+    assert found == ["SAME"] * 5 and asked == ["same"]  # five waiting, one review
+    for i in range(metrics_server.CACHE_ENTRIES + 100):
+        await answers.get(f"t{i}", lambda i=i: review(f"t{i}"))  # type: ignore[misc]
+    assert len(answers._kept) <= metrics_server.CACHE_ENTRIES

@@ -13,6 +13,7 @@ What it does with each flag is in `epp_flags.HOW` and docs/deploy.md.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import sys
@@ -44,9 +45,11 @@ DEFAULT_GRPC_MESSAGE_BYTES = 4 * 1024 * 1024
 # --drain-timeout; an idle replica need not).
 DRAIN_QUIET_S = 2.0
 _DEPLOYMENT_OF_POD = re.compile(r"^(.+)-[a-z0-9]+-[a-z0-9]+$")
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMGTPE]i?|[kmgtpe]|)$")
-_SUFFIX = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
-_SUFFIX.update({f"{k}i": 1024 ** (i + 1) for i, k in enumerate("KMGTPE")})
+# A Kubernetes quantity's suffixes (resource.ParseQuantity): decimal SI, "m" being milli, and binary.
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|)$")
+_SUFFIX: dict[str, float] = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+                             "P": 1e15, "E": 1e18}  # fmt: skip
+_SUFFIX.update({f"{k}i": float(1024 ** (i + 1)) for i, k in enumerate("KMGTPE")})
 
 # Flags epick accepts but does not act on yet: warned about when given (or, for those whose upstream
 # default turns a feature on, at every start), naming the flag.
@@ -213,9 +216,13 @@ def epp_workers(asked: int, *, leader_election: bool) -> int | None:
     leader election (one replica, one Lease holder)."""
     if asked < 0:
         raise EppError(f"--workers must be at least 0 (got {asked})")
+    if leader_election:
+        if asked > 1:
+            raise EppError("--ha-enable-leader-election runs in one worker process: give --workers 1 or none")
+        return 1
     if asked:
         return asked
-    if leader_election or not _has_cpu_limit():
+    if not _has_cpu_limit():
         return 1
     return None if cores_available() > 1 else 1
 
@@ -277,7 +284,7 @@ def _quantity(text: str, flag: str) -> int:
     match = _QUANTITY.match(text)
     if match is None:
         raise EppError(f"invalid --{flag}: {text!r} is not a size (write it like 10MiB or 25MB)")
-    return int(float(match.group(1)) * _SUFFIX[match.group(2)])
+    return math.ceil(float(match.group(1)) * _SUFFIX[match.group(2)])  # as Quantity.Value(): rounded up
 
 
 def how(name: str) -> str:

@@ -173,6 +173,9 @@ class ExtProcOptions:
     # drain timeout ends), as the Go EPP keeps serving through its drain window: a gateway may send to
     # this replica until it learns that it is going. 0: stop accepting at once (`epick serve`).
     drain_quiet: float = 0.0
+    # With `drain_quiet`: serve at least this long after the stop began, whatever the traffic (a
+    # gateway takes a few seconds to learn that a replica is going).
+    drain_floor: float = 5.0
     # The request bodies held at once over every stream; past it a body is answered 503 (0: no limit).
     # Set from the service's settings (four times the largest body by default).
     max_bodies_bytes: int = 64 * 1024 * 1024
@@ -196,7 +199,10 @@ class ExtProcServer:
         self.port = options.port
         self.health_port = options.health_port
         self.health = health or HealthService()
-        self.stream_metrics = StreamMetrics() if options.stream_metrics else None
+        # The ext_proc streams (Process calls) open now and their lifetimes: what the drain waits on,
+        # and, with `stream_metrics`, served on /metrics.
+        self.streams = StreamMetrics()
+        self.stream_metrics = self.streams if options.stream_metrics else None
         self.bodies = BodyBudget(options.max_bodies_bytes or None)
         self.certificates: CertificateStore | None = None  # with TLS: what both ports serve
         self._server: GrpcServer | None = None
@@ -214,7 +220,7 @@ class ExtProcServer:
         self.certificates = store
         tls = ServerContexts(store).context() if store is not None else None
         director = self.director
-        stats, budget = self.stream_metrics, self.bodies
+        stats, budget = self.streams, self.bodies
         methods = {PROCESS: lambda call: ProcessCall(director, call, stats, budget), **self.health.methods()}
         # Health on the ext_proc port too: a gateway health-checks the cluster it sends ext_proc to.
         self._server = GrpcServer(
@@ -236,16 +242,17 @@ class ExtProcServer:
         self.health.update(draining=True)
 
     async def stop(self, drain: float = 1.0) -> None:
-        """Stop serving within `drain` seconds: first, with `drain_quiet`, go on serving until no stream
-        has been open for that long; then stop listening and let the open streams finish in what is
-        left (at least one second)."""
+        """Stop serving within `drain` seconds: first, with `drain_quiet`, go on serving (at least
+        `drain_floor`) until no ext_proc stream has been open for that long; then stop listening and
+        let the open streams finish in what is left (at least one second)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + drain
         quiet = min(self.options.drain_quiet, drain)
         if quiet > 0 and self._server is not None:
+            floor = loop.time() + min(self.options.drain_floor, drain)
             idle_since: float | None = None
             while (now := loop.time()) < deadline:
-                if self._server.open_calls:
+                if self.streams.open or now < floor:
                     idle_since = None
                 elif idle_since is None:
                     idle_since = now

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import socket
 import time
@@ -119,8 +120,13 @@ class LeaderElector:
     async def _campaign(self) -> None:
         retry = self.settings.retry_period
         while True:
+            # A leader's attempt may take only what is left of its renew deadline (client-go bounds
+            # its renewal the same way): past it, it must stop leading before a standby can take over.
+            left = self.settings.renew_deadline - (self._clock() - self._last_renew)
+            budget = max(left, 0.0) if self.leading else None
             try:
-                held = await self._try_acquire_or_renew()
+                async with asyncio.timeout(budget):
+                    held = await self._try_acquire_or_renew()
             except (_ApiError, OSError, TimeoutError, ValueError) as e:
                 held = False
                 log.warning("Lease %s: %s", self._where, _describe(e))
@@ -166,7 +172,13 @@ class LeaderElector:
         now = self._wall()
         try:
             lease = await call_json(
-                api.get_namespaced_custom_object, GROUP, VERSION, s.namespace, PLURAL, s.name
+                api.get_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                s.namespace,
+                PLURAL,
+                s.name,
+                timeout=self._timeout,
             )
         except _ApiError as e:
             if e.status != 404:
@@ -223,7 +235,7 @@ class LeaderElector:
     ) -> Json:
         record: Json = {
             "holderIdentity": self.identity,
-            "leaseDurationSeconds": max(1, round(self.settings.lease_duration)),
+            "leaseDurationSeconds": max(1, math.ceil(self.settings.lease_duration)),
             "renewTime": _micro_time(now),
             "leaseTransitions": transitions,
         }
@@ -250,7 +262,13 @@ class LeaderElector:
         s = self.settings
         try:
             lease = await call_json(
-                api.get_namespaced_custom_object, GROUP, VERSION, s.namespace, PLURAL, s.name
+                api.get_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                s.namespace,
+                PLURAL,
+                s.name,
+                timeout=self._timeout,
             )
             spec = lease.get("spec") or {}
             if spec.get("holderIdentity") != self.identity:

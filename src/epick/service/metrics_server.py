@@ -12,6 +12,8 @@ seconds. A request without a bearer token gets 401, one whose token the review r
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import inspect
 import json
 import logging
@@ -33,7 +35,51 @@ TOKEN_TTL_S = 60.0
 ALLOW_TTL_S = 300.0
 DENY_TTL_S = 30.0
 REVIEW_TIMEOUT_S = 10.0
+CACHE_ENTRIES = 4096  # per cache: a client sending new tokens cannot grow it past this
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class _Answers:
+    """Review answers by key for a while, at most `CACHE_ENTRIES` (expired ones go first, then the
+    oldest), and one review in flight per key however many requests wait for it."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self._kept: dict[str, tuple[float, Any]] = {}
+        self._asked: dict[str, asyncio.Future[Any]] = {}
+
+    async def get(self, key: str, ask: Callable[[], Awaitable[tuple[Any, float]]]) -> Any:
+        """The answer for `key`: kept, being asked, or asked now (`ask` gives it and how long it keeps)."""
+        kept = self._kept.get(key)
+        if kept is not None and kept[0] > self.clock():
+            return kept[1]
+        pending = self._asked.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._asked[key] = future
+        try:
+            answer, ttl = await ask()
+        except BaseException as e:
+            future.set_exception(e)
+            future.exception()  # retrieved: those waiting get it raised
+            raise
+        finally:
+            self._asked.pop(key, None)
+        future.set_result(answer)
+        self._keep(key, answer, ttl)
+        return answer
+
+    def _keep(self, key: str, answer: Any, ttl: float) -> None:
+        now = self.clock()
+        kept = self._kept
+        kept.pop(key, None)
+        if len(kept) >= CACHE_ENTRIES:
+            for old in [k for k, (expires, _) in kept.items() if expires <= now]:
+                del kept[old]
+            while len(kept) >= CACHE_ENTRIES:
+                del kept[next(iter(kept))]
+        kept[key] = (now + ttl, answer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +108,8 @@ class MetricsAuth:
     def __init__(self, api: Callable[[], Any], clock: Callable[[], float] = time.monotonic) -> None:
         self.api = api
         self.clock = clock
-        self._tokens: dict[str, tuple[float, _User | None]] = {}
-        self._reviews: dict[str, tuple[float, bool]] = {}
+        self._tokens = _Answers(clock)  # by the token's SHA-256: the tokens are not kept
+        self._reviews = _Answers(clock)
 
     async def check(self, request: web.Request) -> web.Response | None:
         """None when the request may be served; else the answer that refuses it."""
@@ -88,29 +134,25 @@ class MetricsAuth:
         return None
 
     async def _authenticate(self, token: str) -> _User | None:
-        now = self.clock()
-        cached = self._tokens.get(token)
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        review = await self._create(
-            "authentication.k8s.io",
-            "tokenreviews",
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}},
-        )
-        status = review.get("status") or {}
-        user: _User | None = None
-        if status.get("authenticated"):
+        async def review() -> tuple[_User | None, float]:
+            answer = await self._create(
+                "authentication.k8s.io",
+                "tokenreviews",
+                {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}},
+            )
+            status = answer.get("status") or {}
+            if not status.get("authenticated"):
+                return None, TOKEN_TTL_S
             info = status.get("user") or {}
             groups = [str(g) for g in info.get("groups") or []]
             if "system:authenticated" not in groups:
                 groups.append("system:authenticated")
-            user = _User(
-                str(info.get("username", "")),
-                str(info.get("uid", "")),
-                tuple(groups),
-                info.get("extra") or {},
-            )
-        self._tokens[token] = (now + TOKEN_TTL_S, user)
+            extra = info.get("extra") or {}
+            return _User(
+                str(info.get("username", "")), str(info.get("uid", "")), tuple(groups), extra
+            ), TOKEN_TTL_S
+
+        user: _User | None = await self._tokens.get(hashlib.sha256(token.encode()).hexdigest(), review)
         return user
 
     async def _authorize(self, user: _User, path: str, verb: str) -> bool:
@@ -123,18 +165,17 @@ class MetricsAuth:
             spec["uid"] = user.uid
         if user.extra:
             spec["extra"] = dict(user.extra)
-        key = json.dumps(spec, sort_keys=True)
-        now = self.clock()
-        cached = self._reviews.get(key)
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        review = await self._create(
-            "authorization.k8s.io",
-            "subjectaccessreviews",
-            {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec},
-        )
-        allowed = bool((review.get("status") or {}).get("allowed"))
-        self._reviews[key] = (now + (ALLOW_TTL_S if allowed else DENY_TTL_S), allowed)
+
+        async def review() -> tuple[bool, float]:
+            answer = await self._create(
+                "authorization.k8s.io",
+                "subjectaccessreviews",
+                {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec},
+            )
+            allowed = bool((answer.get("status") or {}).get("allowed"))
+            return allowed, ALLOW_TTL_S if allowed else DENY_TTL_S
+
+        allowed: bool = await self._reviews.get(json.dumps(spec, sort_keys=True), review)
         return allowed
 
     async def _create(self, group: str, plural: str, body: Json) -> Json:

@@ -50,6 +50,7 @@ __all__ = ["Service"]
 log = logging.getLogger("epick.serve")
 
 UTILIZATION_DETECTOR = "utilization-detector"  # upstream's saturation detector type
+RELEASE_TIMEOUT_S = 5.0  # at most this long releasing the leader Lease on stop
 
 
 def load_service_config(settings: Settings, previous: LoadedConfig | None = None) -> LoadedConfig:
@@ -251,7 +252,6 @@ class Service:
         if isinstance(self.discovery, KubernetesDiscovery):
             k8s = self.settings.kubernetes
             await self.discovery.start(wait_for_pool=k8s is not None and k8s.wait_for_pool)
-            await self._elect()
         elif self.discovery is not None:
             await self.discovery.start()  # lists first: endpoints are known before anything serves
         await self.scrapers.start()
@@ -264,6 +264,17 @@ class Service:
         if self.settings.metrics_port is not None:
             self.metrics_server = self._metrics_server()
             await self.metrics_server.start(self.settings.metrics_host, self.settings.metrics_port)
+        await self._elect()  # last: a replica that failed to start never holds the Lease
+
+    @staticmethod
+    async def _release_lease(elector: LeaderElector) -> None:
+        try:
+            await asyncio.wait_for(elector.stop(), RELEASE_TIMEOUT_S)
+        except TimeoutError:
+            log.warning(
+                "the leader Lease was not released in %gs; a standby takes it when it expires",
+                RELEASE_TIMEOUT_S,
+            )
 
     async def _elect(self) -> None:
         """With leader election: campaign on the discovery's API client (readiness follows)."""
@@ -308,7 +319,8 @@ class Service:
         if self.proxy is not None:
             fronts.append(self.proxy.stop(drain))
         if self.elector is not None:
-            await self.elector.stop()  # released at once: a standby takes over while this one drains
+            # released at once, beside the drain: a standby takes over while this one drains
+            fronts.append(self._release_lease(self.elector))
         await asyncio.gather(*fronts)
         await self.director.close()
         await self.kv_events.stop()

@@ -139,6 +139,8 @@ class Settings:
                 f"the metrics refresh interval must be positive (got {self.refresh_metrics_interval})"
             )
         if self.leader_election is not None:
+            if self.workers is not None and self.workers > 1:
+                raise SettingsError("leader election runs in one process: give one worker")
             if k8s is None:
                 raise SettingsError("leader election needs Kubernetes (an InferencePool or a selector)")
             try:

@@ -9,10 +9,25 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+# Gauges that count one process's own work (requests running, streams open, bodies queued): summed
+# across workers, as counters are. Any other gauge is the pool's, which every worker reports alike.
+ADDITIVE_GAUGES = frozenset(
+    {
+        "llm_d_epp_request_running",
+        "inference_objective_running_requests",
+        "llm_d_epp_extproc_streams_inflight",
+        "llm_d_epp_flow_control_queue_size",
+        "inference_extension_flow_control_queue_size",
+        "llm_d_epp_flow_control_queue_bytes",
+        "inference_extension_flow_control_queue_bytes",
+    }
+)
+
 
 class MergedPages(Collector):
-    """Prometheus pages merged: samples of one name and label set summed across pages (a gauge:
-    the largest value, as for a pool's endpoint count every worker reports alike)."""
+    """Prometheus pages merged: samples of one name and label set summed across pages; a gauge that
+    is not one process's own count (`ADDITIVE_GAUGES`) takes the largest value, as for a pool's
+    endpoint count every worker reports alike."""
 
     def __init__(self, pages: Sequence[str]) -> None:
         self.pages = pages
@@ -31,7 +46,7 @@ class MergedPages(Collector):
                     key = (sample.name, tuple(sorted(sample.labels.items())))
                     if key not in samples:
                         samples[key] = sample.value
-                    elif family.type == "gauge":
+                    elif family.type == "gauge" and family.name not in ADDITIVE_GAUGES:
                         samples[key] = max(samples[key], sample.value)
                     else:
                         samples[key] += sample.value

@@ -112,6 +112,7 @@ class KubernetesDiscovery:
                 f"Kubernetes discovery: InferencePool group {pool_group!r} is not one of {groups}"
             )
         self._synced = False
+        self._starting = False  # inside `_begin`: its lists do not make the discovery synced yet
         self._on_synced = on_synced
         self._retry_task: asyncio.Task[None] | None = None
 
@@ -156,6 +157,9 @@ class KubernetesDiscovery:
         except DiscoveryError as e:
             log.error("%s; not ready, trying again", e)
             self._retry_task = asyncio.create_task(self._keep_trying(str(e)))
+        except BaseException:
+            await self._close_client()
+            raise
 
     @property
     def api_client(self) -> Any:
@@ -174,16 +178,18 @@ class KubernetesDiscovery:
             retry_s = min(retry_s * 2, most_s)
             try:
                 await self._begin()
-            except DiscoveryError as e:
+            except Exception as e:  # any failure: tried again (a bug's, too, with its traceback once)
                 if str(e) != last:
                     last = str(e)
-                    log.error("%s; not ready, trying again", e)
+                    log.error("%s; not ready, trying again", e, exc_info=not isinstance(e, DiscoveryError))
                 continue
             log.info("%s: found; serving its endpoints", self.source)
             return
 
     async def _begin(self) -> None:
-        """The first lists and the watches; on any error, what was started is stopped again."""
+        """The first lists and the watches; on any error, what was started is stopped again. `synced`
+        turns true once all of them are done, not on the pods' list alone."""
+        self._starting = True
         try:
             pool_rv = await self._initial_pool() if self._pool is not None else None
             pod_rv = await self._initial_pods()
@@ -202,11 +208,13 @@ class KubernetesDiscovery:
                 self._watches.append(watch)
                 await watch.start()
         except BaseException as e:
-            self._set_synced(False)
+            self._starting = False
             watches, self._watches = self._watches, []
             for started in watches:
                 await started.stop()
             raise self._explained(e) from None
+        self._starting = False
+        self._set_synced(self._pool is None or self._pool_present)
         self._pod_task = asyncio.create_task(
             self._reflector.reflect(self._pods_collection(), pod_rv, self._pods_listed, self._pod_event)
         )
@@ -329,7 +337,8 @@ class KubernetesDiscovery:
                 log.info("%s: pod %s changed: %s", self.source, name, _where(pods[name]))
         self._pods = pods
         self._datastore.replace_all(spec for specs in pods.values() for spec in specs)
-        self._set_synced(self._pool is None or self._pool_present)
+        if not self._starting:
+            self._set_synced(self._pool is None or self._pool_present)
 
     async def _pod_event(self, kind: str, obj: Json) -> None:
         name, specs, why_not = endpoints_of(obj, self._target)
