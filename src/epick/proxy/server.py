@@ -356,6 +356,7 @@ class Proxy:
             d.attempt_failed(endpoint, reason, connected=False)
             raise _AttemptFailedError(reason) from None
         d.received(response, endpoint)
+        d.body_seen(len(body))
         response.chunk = body
         response.end_of_stream = True
         if self.director.config.hooks.response_complete:
@@ -408,6 +409,8 @@ class Proxy:
                 if chunks_read:
                     response.chunk = chunk
                     d.streamed(response, endpoint)
+                else:
+                    d.body_seen(len(chunk))
             response.chunk = b""
             response.end_of_stream = True
             await reply.end()

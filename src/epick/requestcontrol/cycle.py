@@ -266,21 +266,30 @@ class RequestCycle:
 
     def streamed(self, response: Response, endpoint: Endpoint) -> None:
         """A chunk of the response (`response.chunk`)."""
-        began = time.perf_counter()
         chunk = response.chunk
         if chunk:
-            now = self.director.clock()
-            if self._first_chunk is None:
-                self._first_chunk = now
-            elif self.request.body.stream and self._last_chunk is not None:
-                self.director.observer.chunk_gap(self.labels, now - self._last_chunk)
-            self._last_chunk = now
-            self._response_bytes += len(chunk)
+            self.body_seen(len(chunk))
+        hooks = self.director.config.hooks.response_streaming
+        if self.usage is None and not hooks:
+            return
+        began = time.perf_counter()
         if self.usage is not None:
             self.usage.feed(response)
-        for hook in self.director.config.hooks.response_streaming:
+        for hook in hooks:
             safely(hook.response_streaming, self.request, response, endpoint)
         self._handling += time.perf_counter() - began
+
+    def body_seen(self, size: int) -> None:
+        """A chunk of the response's body passed (its size), read or not: for the metrics, the time
+        to the first one, the gaps between them (streamed responses) and the bytes."""
+        director = self.director
+        now = director.clock()
+        if self._first_chunk is None:
+            self._first_chunk = now
+        elif self.request.body.stream and self._last_chunk is not None:
+            director.observer.chunk_gap(self.labels, now - self._last_chunk)
+        self._last_chunk = now
+        self._response_bytes += size
 
     def completed(self, response: Response, endpoint: Endpoint, *, dispatch_waiting: bool = True) -> None:
         """The response ended, or the request did (once: a second report is ignored); the hooks
@@ -306,7 +315,8 @@ class RequestCycle:
                     Completion(
                         duration=now - self.started,
                         first_chunk=None if first is None else first - self.started,
-                        response_bytes=self._response_bytes,
+                        # None: the body was never seen (ext_proc asked the gateway for less)
+                        response_bytes=self._response_bytes if first is not None else None,
                         usage=response.usage,
                         streaming=self.request.body.stream,
                         handling=self._handling + time.perf_counter() - began,

@@ -46,6 +46,10 @@ RESPONSE_PHASE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0
                           2.5, 5)  # fmt: skip
 
 LLMD = "llm_d_epp_"
+# Distinct model names (served and asked for, together) and fairness ids kept as label values; past
+# that, "other" (upstream's cardinality caps, pkg/epp/metrics/cardinality.go).
+LABEL_VALUES = 1000
+OTHER = "other"
 REQUEST = ("model_name", "target_model_name", "fairness_id", "priority")
 MODELS = ("model_name", "target_model_name")
 
@@ -170,6 +174,9 @@ class EppMetrics(Observer):
                         ("model_rewrite_name", "model_name", "target_model"))],
         )  # fmt: skip
         self.flow = FlowMetrics(pool, r)
+        self._handles: dict[RequestLabels, _RequestSeries] = {}
+        self._models: set[str] = set()
+        self._fairness: set[str] = set()
 
     def _request_histogram(
         self, name: str, old: str, documentation: str, buckets: tuple[float, ...]
@@ -200,42 +207,73 @@ class EppMetrics(Observer):
 
     # --- one request -----------------------------------------------------------------------------
 
+    def _series(self, labels: RequestLabels) -> _RequestSeries:
+        """The request families' series for `labels`, looked up once per label set. Model names and
+        fairness ids come from clients: past `LABEL_VALUES` distinct values each, a new one is counted
+        as "other", as upstream caps them."""
+        found = self._handles.get(labels)
+        if found is not None:
+            return found
+        model, target, fairness, priority = labels
+        capped = (self._cap(self._models, model), self._cap(self._models, target),
+                  self._cap(self._fairness, fairness), priority)  # fmt: skip
+        found = self._handles.get(capped)
+        if found is None:
+            found = self._handles[capped] = _RequestSeries(self, capped)
+        if capped == labels:
+            return found
+        if len(self._handles) < 4 * LABEL_VALUES:
+            self._handles[labels] = found
+        return found
+
+    @staticmethod
+    def _cap(seen: set[str], value: str) -> str:
+        if value in seen:
+            return value
+        if len(seen) >= LABEL_VALUES:
+            return OTHER
+        seen.add(value)
+        return value
+
     def request(self, labels: RequestLabels, size: int) -> None:
-        self._requests.inc(*labels)
-        self._request_size.series(*labels).observe(size)
+        series = self._series(labels)
+        self._requests.inc(*series.labels)
+        series.request_size.observe(size)
 
     def error(self, labels: RequestLabels, code: str) -> None:
-        self._errors.inc(*labels, code)
+        self._errors.inc(*self._series(labels).labels, code)
 
     def running(self, labels: RequestLabels, delta: int) -> None:
-        self._running.inc(*labels, amount=delta)
+        self._running.inc(*self._series(labels).labels, amount=delta)
 
     def request_phase(self, seconds: float) -> None:
         self._request_phase.observe(seconds)
 
     def chunk_gap(self, labels: RequestLabels, seconds: float) -> None:
-        self._itl.series(*labels).observe(seconds)
+        self._series(labels).itl.observe(seconds)
 
     def completed(self, labels: RequestLabels, completion: Completion) -> None:
+        series = self._series(labels)
         duration = completion.duration
-        self._duration.series(*labels).observe(duration)
-        self._response_size.series(*labels).observe(completion.response_bytes)
+        series.duration.observe(duration)
+        if completion.response_bytes is not None:
+            series.response_size.observe(completion.response_bytes)
         self._response_phase.observe(completion.handling)
         first = completion.first_chunk
         if first is not None:
-            self._ttft.series(*labels, "true" if completion.streaming else "false").observe(first)
+            (series.ttft_streaming if completion.streaming else series.ttft).observe(first)
         usage = completion.usage
         if usage is None or not self.reads_usage:
             return
         tokens = usage.completion_tokens
         if usage.prompt_tokens > 0:
-            self._input_tokens.series(*labels).observe(usage.prompt_tokens)
+            series.input_tokens.observe(usage.prompt_tokens)
         if tokens > 0:
-            self._output_tokens.series(*labels).observe(tokens)
-            self._ntpot.series(*labels).observe(duration / tokens)
-        self._cached_tokens.series(*labels).observe(usage.cached_tokens)
+            series.output_tokens.observe(tokens)
+            series.ntpot.observe(duration / tokens)
+        series.cached_tokens.observe(usage.cached_tokens)
         if completion.streaming and first is not None and tokens > 1:
-            self._tpot.series(*labels).observe((duration - first) / (tokens - 1))
+            series.tpot.observe((duration - first) / (tokens - 1))
 
     def rewritten(self, rewrite: str, model: str, target_model: str) -> None:
         self._rewrites.inc(rewrite, model, target_model)
@@ -355,3 +393,36 @@ class DataLayerErrors(Collector):
             for (source, extractor), count in self.errors.extract.items():
                 extract.add_metric([source, extractor], float(count))
             yield extract
+
+
+class _RequestSeries:
+    """One label set's series of the request families, found once."""
+
+    __slots__ = (
+        "cached_tokens",
+        "duration",
+        "input_tokens",
+        "itl",
+        "labels",
+        "ntpot",
+        "output_tokens",
+        "request_size",
+        "response_size",
+        "tpot",
+        "ttft",
+        "ttft_streaming",
+    )
+
+    def __init__(self, m: EppMetrics, labels: RequestLabels) -> None:
+        self.labels = labels
+        self.request_size = m._request_size.series(*labels)
+        self.response_size = m._response_size.series(*labels)
+        self.duration = m._duration.series(*labels)
+        self.input_tokens = m._input_tokens.series(*labels)
+        self.output_tokens = m._output_tokens.series(*labels)
+        self.cached_tokens = m._cached_tokens.series(*labels)
+        self.ntpot = m._ntpot.series(*labels)
+        self.tpot = m._tpot.series(*labels)
+        self.itl = m._itl.series(*labels)
+        self.ttft = m._ttft.series(*labels, "false")
+        self.ttft_streaming = m._ttft.series(*labels, "true")

@@ -42,12 +42,12 @@ RequestLabels = tuple[str, str, str, str]
 @dataclass(frozen=True, slots=True)
 class Completion:
     """How a response went, for metrics: seconds from the request's arrival to its end and to the
-    first chunk of its body (None: no body came), the body's bytes, the token usage its parser read,
-    whether it streamed, and the seconds epick spent handling it."""
+    first chunk of its body (None: no body was seen), the body's bytes (None: not seen), the token usage
+    its parser read, whether it streamed, and the seconds epick spent handling it."""
 
     duration: float
     first_chunk: float | None
-    response_bytes: int
+    response_bytes: int | None
     usage: Usage | None
     streaming: bool
     handling: float

@@ -94,11 +94,15 @@ class Histograms(Collector):
         self.series().observe(value)
 
     def collect(self) -> Iterator[Metric]:
-        own = ((labels, (series.counts, series.total)) for labels, series in self._series.items())
+        # A series made ahead of its first observation (a request's series are found at once) is not
+        # shown until it has one.
+        own = ((labels, (s.counts, s.total)) for labels, s in self._series.items() if any(s.counts))
         yield self._family(self.name, self.documentation, self.labelnames, own)
         for view, indices in self._views:
             summed: dict[tuple[str, ...], tuple[list[int], float]] = {}
             for labels, series in self._series.items():
+                if not any(series.counts):
+                    continue
                 key = tuple(labels[i] for i in indices)
                 counts, total = summed.get(key) or ([0] * len(series.counts), 0.0)
                 summed[key] = (
