@@ -140,3 +140,37 @@ async def _pause() -> None:
     import asyncio
 
     await asyncio.sleep(0.05)
+
+
+async def test_epp_listens_on_every_address_family(tmp_path: Path) -> None:
+    """epp binds as the Go EPP: IPv4 and IPv6 alike (a dual-stack cluster's probes use either)."""
+    import socket
+
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from epick.datalayer.datastore import EndpointSpec
+    from epick.extproc.server import ExtProcOptions
+    from epick.service import Service, Settings
+    from tests.extproc.gateway import free_port
+
+    with socket.socket(socket.AF_INET6) as probe:
+        probe.bind(("::1", 0))  # this machine has IPv6 loopback (the test needs it)
+    options = ExtProcOptions(
+        host="", port=free_port(), health_port=free_port(), secure=False, health_plaintext=True
+    )
+    service = Service(
+        Settings(
+            endpoints=(EndpointSpec("a", "127.0.0.1", 1, {}),), proxy=None, extproc=options, metrics_port=None
+        )
+    )
+    await service.start()
+    try:
+        for address in ("127.0.0.1", "[::1]"):
+            async with grpc.aio.insecure_channel(f"{address}:{options.health_port}") as channel:
+                answer = await health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service="liveness"), timeout=5
+                )
+                assert answer.status == SERVING, address
+    finally:
+        await service.stop()
