@@ -191,7 +191,7 @@ HOW: dict[str, str] = {
     "health-checking": "epick answers health on the ext_proc port always",
     "metrics-port": "as upstream",
     "grpc-health-port": "as upstream (plaintext)",
-    "enable-pprof": "accepted; no profiling endpoints yet (a warning says so when asked)",
+    "enable-pprof": "as upstream: /debug/pprof/ on the metrics port, in Python's terms (docs/deploy.md)",
     "cert-path": "as upstream",
     "enable-cert-reload": "as upstream",
     "enable-grpc-stream-metrics": "as upstream",

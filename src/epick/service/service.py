@@ -42,6 +42,7 @@ from epick.requestcontrol.director import Director
 from epick.requestcontrol.metrics import DataLayerErrors, EppMetrics
 from epick.service.leader import LeaderElector
 from epick.service.metrics_server import MetricsAuth, MetricsServer, metrics_tls
+from epick.service.profiling import profiling_routes
 from epick.service.rewrites import RewriteSources
 from epick.service.settings import Settings
 
@@ -301,6 +302,7 @@ class Service:
             CONTENT_TYPE_LATEST,
             auth=auth,
             tls=metrics_tls(settings.metrics_cert_dir, settings.metrics_client_ca),
+            routes=profiling_routes() if settings.pprof else None,
         )
 
     @property

@@ -68,6 +68,8 @@ class Settings:
     metrics_auth: bool = False
     metrics_cert_dir: str | None = None
     metrics_client_ca: str | None = None
+    # The profiling endpoints (`/debug/pprof/*`) on the metrics port (`--enable-pprof`).
+    pprof: bool = False
     refresh_metrics_interval: float = 0.05
     metrics_staleness_threshold: float | None = None
     objectives: tuple[tuple[str, int], ...] = ()  # objective name -> priority
