@@ -305,6 +305,7 @@ class FakeApiServer:
         *,
         namespace: str = "default",
         version: str = "v1",
+        app_protocol: str | None = None,
     ) -> Json:
         """Create or update an InferencePool: v1 (`spec.selector.matchLabels`, `spec.targetPorts`) or the
         older v1alpha2 (`spec.selector` flat, `spec.targetPortNumber`: one port)."""
@@ -316,6 +317,8 @@ class FakeApiServer:
                 "targetPorts": [{"number": p} for p in ports],
                 "endpointPickerRef": {"name": f"{name}-epp", "port": {"number": 9002}},
             }
+            if app_protocol is not None:
+                spec["appProtocol"] = app_protocol
         elif version == "v1alpha2":
             if len(ports) != 1:
                 raise ValueError("a v1alpha2 InferencePool has exactly one targetPortNumber")

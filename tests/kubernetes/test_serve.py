@@ -119,3 +119,34 @@ def test_flags_choose_kubernetes_discovery() -> None:
 def test_one_source_of_endpoints(argv: list[str]) -> None:
     with pytest.raises(SystemExit, match="epick serve: give"):
         settings_from(build_parser().parse_args(argv))
+
+
+async def test_a_pool_protocol_no_parser_serves_keeps_the_service_unready(
+    fake: FakeApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As upstream's readiness: the InferencePool's appProtocol must be one every parser that names its
+    protocols serves (the default config's OpenAI parser: http and kubernetes.io/h2c)."""
+    from epick.extproc.health import NOT_SERVING, SERVING
+    from epick.extproc.server import ExtProcOptions
+    from tests.extproc.gateway import free_port
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    fake.add_pod("pod-a", LABELS, "127.0.0.1")
+    fake.put_pool("pool", LABELS, [8000], app_protocol="kubernetes.io/ws")
+    settings = Settings(
+        kubernetes=KubernetesSettings(
+            namespace="default", pool="pool", kubeconfig=kubeconfig(tmp_path / "kc", fake.url)
+        ),
+        proxy=None,
+        extproc=ExtProcOptions(host="127.0.0.1", port=free_port(), health_port=free_port(), secure=False),
+        metrics_port=None,
+    )
+    service = Service(settings)
+    await service.start()
+    try:
+        assert service.health.status("readiness") == NOT_SERVING
+        assert "not the InferencePool's 'kubernetes.io/ws'" in (service.health.not_ready or "")
+        fake.put_pool("pool", LABELS, [8000], app_protocol="kubernetes.io/h2c")
+        await wait_for(lambda: service.health.status("readiness") == SERVING)
+    finally:
+        await service.stop()

@@ -11,7 +11,7 @@ after it are left out, and so is a second parser of a type already listed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -52,6 +52,27 @@ class Parser(Plugin, Protocol):
         """The usage in a response: `data` is the whole body, or for an event stream (`streaming`) one or
         more whole lines of it. None when it holds no usage. Never raises for a body it cannot read."""
         ...
+
+
+HTTP = "http"  # InferencePool appProtocol: HTTP/1.1
+H2C = "kubernetes.io/h2c"  # InferencePool appProtocol: HTTP/2 without TLS
+
+
+def protocol_mismatch(parsers: Iterable[object], app_protocol: str) -> str | None:
+    """Why the parsers cannot serve a pool of `app_protocol`, or None (upstream's readiness check,
+    cmd/epp/runner/health.go): a parser that names the protocols it serves (`protocols`) must name the
+    pool's. A pool that names none constrains nothing; a parser that names none takes any."""
+    if not app_protocol:
+        return None
+    for parser in parsers:
+        claims: tuple[str, ...] = getattr(parser, "protocols", ())
+        if claims and app_protocol not in claims:
+            name = getattr(parser, "typed_name", parser)
+            return (
+                f"parser {name} serves appProtocol {' or '.join(claims)}, "
+                f"not the InferencePool's {app_protocol!r}"
+            )
+    return None
 
 
 def normalize_suffix(suffix: str) -> str:

@@ -37,6 +37,7 @@ from epick.datalayer.rewrites import Rewrite, RewriteError
 from epick.datalayer.scraper import ScraperPool
 from epick.extproc.health import HealthService
 from epick.extproc.server import ExtProcServer
+from epick.framework.parsing import protocol_mismatch
 from epick.proxy.server import Proxy
 from epick.requestcontrol.director import Director
 from epick.requestcontrol.metrics import DataLayerErrors, EppMetrics
@@ -172,7 +173,20 @@ class Service:
             on_objectives=self._cluster_objectives_changed if k8s.pool and k8s.watch_objectives else None,
             on_synced=lambda synced: self.health.update(synced=synced),
             pool_group=k8s.pool_group,
+            on_pool=self._check_protocol,
         )
+
+    def _check_protocol(self) -> None:
+        """The pool's appProtocol against the parsers: a mismatch keeps readiness off, as upstream."""
+        discovery = self.discovery
+        protocol = discovery.app_protocol if isinstance(discovery, KubernetesDiscovery) else ""
+        mismatch = protocol_mismatch(self.director.config.parsers.parsers, protocol)
+        if mismatch != self.health.not_ready:
+            if mismatch is not None:
+                log.error(
+                    "not ready: %s (set the pool's appProtocol, or configure parsers that serve it)", mismatch
+                )
+            self.health.update(not_ready=mismatch)
 
     def _load(self, previous: LoadedConfig | None = None) -> LoadedConfig:
         return load_service_config(self.settings, previous=previous)
@@ -205,6 +219,7 @@ class Service:
             log.error("reload refused, keeping the running config and rewrites: %s", e)
             return False
         self.director.replace_config(self._prepare(fresh))
+        self._check_protocol()
         self.scrapers.set_plan(fresh.data_layer)
         self._reload_discovery(fresh)
         self._in_background(self.kv_events.set_sinks(sinks_of(fresh.plugins.values())), "KV events reload")

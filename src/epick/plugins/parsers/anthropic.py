@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from epick.framework import BadRequestError, ChatMessage, NamedPlugin, Reads, RequestBody, Usage
-from epick.framework.parsing import ParsedRequest
+from epick.framework.parsing import H2C, HTTP, ParsedRequest
 from epick.plugins.parsers.common import (
     compact_json,
     count_of,
@@ -32,6 +32,7 @@ TYPE = "anthropic-parser"
 
 class AnthropicParser(NamedPlugin):
     plugin_type = TYPE
+    protocols = (H2C, HTTP)  # the InferencePool appProtocols it serves (upstream's claims)
     reads = Reads.NOTHING  # parsers read requests before scheduling; no scheduling result depends on them
 
     @property

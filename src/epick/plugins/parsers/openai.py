@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from epick.framework import BadRequestError, NamedPlugin, Reads, RequestBody, Usage
-from epick.framework.parsing import ParsedRequest, matches_suffix
+from epick.framework.parsing import H2C, HTTP, ParsedRequest, matches_suffix
 from epick.framework.request import RequestKind, openai_body
 from epick.plugins.parsers.common import (
     compact_json,
@@ -65,6 +65,7 @@ def kind_of(path: str) -> RequestKind:
 
 class OpenAIParser(NamedPlugin):
     plugin_type = TYPE
+    protocols = (H2C, HTTP)  # the InferencePool appProtocols it serves (upstream's claims)
     reads = Reads.NOTHING  # parsers read requests before scheduling; no scheduling result depends on them
 
     @property

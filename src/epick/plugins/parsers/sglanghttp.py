@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from epick.framework import BadRequestError, NamedPlugin, Reads, RequestBody, Usage
-from epick.framework.parsing import ParsedRequest
+from epick.framework.parsing import H2C, HTTP, ParsedRequest
 from epick.plugins.parsers.common import (
     count_of,
     decode_object,
@@ -31,6 +31,7 @@ TYPE = "sglanghttp-parser"
 
 class SglangHttpParser(NamedPlugin):
     plugin_type = TYPE
+    protocols = (H2C, HTTP)  # the InferencePool appProtocols it serves (upstream's claims)
     reads = Reads.NOTHING  # parsers read requests before scheduling; no scheduling result depends on them
 
     @property

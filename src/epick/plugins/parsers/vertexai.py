@@ -29,7 +29,7 @@ from google.api import httpbody_pb2  # type: ignore[import-untyped]
 from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message, message_factory
 
 from epick.framework import BadRequestError, NamedPlugin, Reads, RequestBody, Usage, merge_usage
-from epick.framework.parsing import ParsedRequest, matches_suffix
+from epick.framework.parsing import H2C, ParsedRequest, matches_suffix
 from epick.framework.request import RequestKind
 from epick.plugins.parsers.common import decode_object, model_of
 from epick.plugins.parsers.openai import openai_response_usage, parse_openai
@@ -128,6 +128,7 @@ def grpc_payloads(data: bytes) -> Iterator[bytes]:
 
 class VertexAIParser(NamedPlugin):
     plugin_type = TYPE
+    protocols = (H2C,)  # the InferencePool appProtocols it serves (upstream's claims)
     reads = Reads.NOTHING  # parsers read requests before scheduling; no scheduling result depends on them
 
     @property

@@ -43,7 +43,7 @@ from typing import Any
 from google.protobuf import descriptor_pb2, descriptor_pool, message, message_factory
 
 from epick.framework import BadRequestError, NamedPlugin, Reads, RequestBody, Usage, merge_usage
-from epick.framework.parsing import ParsedRequest, matches_suffix
+from epick.framework.parsing import H2C, ParsedRequest, matches_suffix
 from epick.plugins.parsers.vertexai import grpc_payload, grpc_payloads
 from epick.plugins.registry import Handle, NoParameters, PluginSpec
 
@@ -230,6 +230,7 @@ MESSAGES = _message_classes()
 
 class VllmGrpcParser(NamedPlugin):
     plugin_type = TYPE
+    protocols = (H2C,)  # the InferencePool appProtocols it serves (upstream's claims)
     reads = Reads.NOTHING  # parsers read requests before scheduling; no scheduling result depends on them
 
     @property

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from epick.framework import BadRequestError, NamedPlugin, Reads, RequestBody, Usage
-from epick.framework.parsing import ParsedRequest
+from epick.framework.parsing import H2C, HTTP, ParsedRequest
 from epick.plugins.parsers.common import count_of, decode_object, model_of, salt_of, stream_of, token_ids
 from epick.plugins.parsers.openai import openai_response_usage
 from epick.plugins.registry import Handle, NoParameters, PluginSpec
@@ -24,6 +24,7 @@ PATH = "inference/v1/generate"
 
 class VllmHttpParser(NamedPlugin):
     plugin_type = TYPE
+    protocols = (H2C, HTTP)  # the InferencePool appProtocols it serves (upstream's claims)
     reads = Reads.NOTHING  # parsers read requests before scheduling; no scheduling result depends on them
 
     @property

@@ -74,6 +74,7 @@ class KubernetesDiscovery:
         on_objectives: ObjectivesHandler | None = None,
         on_synced: Callable[[bool], None] | None = None,
         pool_group: str | None = None,
+        on_pool: Callable[[], None] | None = None,
     ) -> None:
         if not namespace:
             raise DiscoveryError("Kubernetes discovery: a namespace is required")
@@ -114,6 +115,7 @@ class KubernetesDiscovery:
         self._synced = False
         self._starting = False  # inside `_begin`: its lists do not make the discovery synced yet
         self._on_synced = on_synced
+        self._on_pool = on_pool  # told when the pool appears, changes or goes (its appProtocol may have)
         self._retry_task: asyncio.Task[None] | None = None
 
     # public
@@ -167,6 +169,13 @@ class KubernetesDiscovery:
         return self._api_client
 
     @property
+    def app_protocol(self) -> str:
+        """The pool's spec.appProtocol ("" without a pool, or when it sets none)."""
+        if self._pool is None or not self._pool_present or self._target is None:
+            return ""
+        return self._target.app_protocol
+
+    @property
     def synced(self) -> bool:
         """Whether the pods are known: the pool exists (with a pool) and its pods have been listed."""
         return self._synced
@@ -214,6 +223,7 @@ class KubernetesDiscovery:
                 await started.stop()
             raise self._explained(e) from None
         self._starting = False
+        self._pool_changed()
         self._set_synced(self._pool is None or self._pool_present)
         self._pod_task = asyncio.create_task(
             self._reflector.reflect(self._pods_collection(), pod_rv, self._pods_listed, self._pod_event)
@@ -236,6 +246,10 @@ class KubernetesDiscovery:
                 f"{self.source}: {self._host} does not answer as a Kubernetes API server: {_describe(e)}"
             )
         return e  # a DiscoveryError already, cancelled, or a bug
+
+    def _pool_changed(self) -> None:
+        if self._on_pool is not None:
+            self._on_pool()
 
     def _set_synced(self, synced: bool) -> None:
         if synced != self._synced:
@@ -392,6 +406,7 @@ class KubernetesDiscovery:
                 self._pods = {}
                 self._datastore.replace_all(())
                 self._set_synced(False)
+                self._pool_changed()
             return
         try:
             target = _parse_pool(pool, self.source)
@@ -409,6 +424,7 @@ class KubernetesDiscovery:
         await self._stop_pods()
         self._pool_present = True
         self._target = target
+        self._pool_changed()
         self._pod_task = asyncio.create_task(
             self._reflector.reflect(self._pods_collection(), None, self._pods_listed, self._pod_event)
         )

@@ -25,6 +25,9 @@ class _Target:
 
     selector: str
     ports: tuple[int, ...]
+    # The pool's spec.appProtocol ("http", "kubernetes.io/h2c"; "" when it sets none): checked
+    # against the config's parsers, as upstream's readiness does.
+    app_protocol: str = ""
 
 
 def endpoints_of(pod: Json, target: _Target | None) -> tuple[str, tuple[EndpointSpec, ...], str]:
@@ -106,7 +109,8 @@ def _parse_pool(pool: Json, where: str) -> _Target:
         checked = _check_ports([spec.get("targetPortNumber")], f"{where}: spec.targetPortNumber")
     else:
         raise DiscoveryError(f"{where}: no spec.targetPorts (v1) or spec.targetPortNumber (v1alpha2)")
-    return _Target(text, checked)
+    protocol = spec.get("appProtocol")
+    return _Target(text, checked, protocol if isinstance(protocol, str) else "")
 
 
 def _describe_target(target: _Target) -> str:
