@@ -43,6 +43,11 @@ from epick.wire.http_messages import (
     phrase,
 )
 
+# Closing lingeringly after answering a request whose body is still arriving: at most this long, and
+# this many bytes dropped.
+LINGER_S = 2.0
+LINGER_BYTES = 32 * 1024 * 1024
+
 log = logging.getLogger(__name__)
 
 
@@ -176,6 +181,8 @@ class _Connection(asyncio.Protocol):
         self._idle: Deadline | None = None
         self._writable: asyncio.Future[None] | None = None
         self._paused = False
+        self._lingering = 0  # closing lingeringly: the bytes still to drop before closing
+        self._linger_deadline: asyncio.TimerHandle | None = None
 
     # --- asyncio.Protocol -----------------------------------------------------------------------
 
@@ -199,6 +206,11 @@ class _Connection(asyncio.Protocol):
         self._arm_idle()
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            self._lingering -= min(len(data), self._lingering)
+            if not self._lingering:
+                self._stop_lingering()  # enough dropped: the client has had its answer's time
+            return
         if self.closed or self._broken:
             return
         self._disarm_idle()
@@ -220,6 +232,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.closed = True
+        self._lingering = 0
+        if self._linger_deadline is not None:
+            self._linger_deadline.cancel()
         self.server.connections.discard(self)
         self.server._connection_gone()
         self._disarm_head()
@@ -384,6 +399,22 @@ class _Connection(asyncio.Protocol):
 
     def _close_after_write(self) -> None:
         self.closed = True
+        transport = self.transport
+        if transport is None:
+            return
+        if self._parsing is not None and transport.can_write_eof():
+            # The client is still sending a body (one refused, say, as too large): closing now, with its
+            # bytes unread, would reset the connection before it reads the answer (clients that write the
+            # whole body first, as urllib does, would see a reset, not the 413). Close lingeringly (RFC
+            # 9112, section 9.6): end our side, read and drop what still comes for a while, then close.
+            transport.write_eof()
+            self._lingering = LINGER_BYTES
+            self._linger_deadline = self.loop.call_later(LINGER_S, self._stop_lingering)
+            return
+        transport.close()
+
+    def _stop_lingering(self) -> None:
+        self._lingering = 0
         if self.transport is not None:
             self.transport.close()
 
