@@ -54,7 +54,6 @@ _SUFFIX.update({f"{k}i": float(1024 ** (i + 1)) for i, k in enumerate("KMGTPE")}
 # Flags epick accepts but does not act on yet: warned about when given (or, for those whose upstream
 # default turns a feature on, at every start), naming the flag.
 NOT_YET = {
-    "tracing": "epick does not emit OpenTelemetry traces yet",
     "tls-min-version": "epick's TLS takes TLS 1.2 and 1.3 (Python's defaults)",
     "tls-cipher-suites": "epick's TLS uses Python's default cipher suites",
 }
@@ -193,6 +192,7 @@ def settings_from_flags(
         metrics_cert_dir=_existing_pair(flags.text("metrics-cert-dir")),
         metrics_client_ca=flags.text("metrics-client-ca-file") or None,
         pprof=flags.boolean("enable-pprof"),
+        tracing=flags.boolean("tracing"),
         refresh_metrics_interval=refresh,
         pool_name=pool or "epick",
         workers=epp_workers(

@@ -187,7 +187,7 @@ HOW: dict[str, str] = {
     "lora-info-metric": "upstream refuses it (exit 1); epick warns and ignores it",
     "cache-info-metric": "upstream refuses it (exit 1); epick warns and ignores it",
     "v": "as upstream: 4 and above logs DEBUG",
-    "tracing": "accepted; no traces yet (a warning says so when asked)",
+    "tracing": "as upstream: OpenTelemetry spans from the OTEL_* environment (docs/deploy.md)",
     "health-checking": "epick answers health on the ext_proc port always",
     "metrics-port": "as upstream",
     "grpc-health-port": "as upstream (plaintext)",

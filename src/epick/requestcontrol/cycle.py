@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 from epick.framework import (
@@ -60,6 +61,7 @@ class RequestCycle:
         "_labels",
         "_last_chunk",
         "_response_bytes",
+        "_span",
         "body",
         "client_model",
         "cycle_state",
@@ -102,6 +104,8 @@ class RequestCycle:
         self._last_chunk: float | None = None
         self._response_bytes = 0
         self._handling = 0.0
+        tracing = director.tracing
+        self._span = tracing.request_span(request) if tracing is not None else None
 
     # --- the decision --------------------------------------------------------------------------
 
@@ -138,9 +142,19 @@ class RequestCycle:
             )
         return self._labels
 
+    def _scope(self) -> AbstractContextManager[object]:
+        """While a decision runs: its orchestration span, when tracing."""
+        tracing, span = self.director.tracing, self._span
+        if tracing is None or span is None:
+            return nullcontext()
+        return tracing.orchestration(span, self.request)
+
     def _decided(self, result: SchedulingResult) -> SchedulingResult:
         """A decision: counted (once) and running, the request phase's end observed."""
         self.result = result
+        tracing, span = self.director.tracing, self._span
+        if tracing is not None and span is not None and result.targets:
+            tracing.inject(span, result.hook_headers)  # the model server's request carries the trace
         if not self._counted and result.targets:
             self._counted = True
             observer = self.director.observer
@@ -150,6 +164,11 @@ class RequestCycle:
         return result
 
     def _refused(self, error: RequestError) -> None:
+        tracing, span = self.director.tracing, self._span
+        if tracing is not None and span is not None:
+            self._span = None  # refused: the request is over
+            tracing.refused(span, error.code, error.message)
+            span.end()
         observer = self.director.observer
         observer.error(self.labels, error.code)
         observer.request_phase(self.director.clock() - self.started)
@@ -183,7 +202,8 @@ class RequestCycle:
         try:
             candidates = self.candidates()
             director.path.shed(self.request, candidates)
-            return self._decided(director.path.decide_admitted(self.request, cycle_state, candidates))
+            with self._scope():
+                return self._decided(director.path.decide_admitted(self.request, cycle_state, candidates))
         except RequestError as e:
             self._refused(e)
             raise
@@ -216,7 +236,8 @@ class RequestCycle:
         director = self.director
         if director.before_schedule is not None:
             director.before_schedule()
-        self._decided(director.path.decide_admitted(self.request, self.enter(), self.candidates()))
+        with self._scope():
+            self._decided(director.path.decide_admitted(self.request, self.enter(), self.candidates()))
         admission = director.admission
         if evictable and admission is not None and self.result.targets:
             self.eviction = admission.evictable(self.request, self.result.targets[0])
@@ -229,7 +250,8 @@ class RequestCycle:
         if director.before_schedule is not None:
             director.before_schedule()
         candidates = tuple(ep for ep in self.candidates() if ep.name not in exclude)
-        return self._decided(director.path.decide(self.request, candidates))
+        with self._scope():
+            return self._decided(director.path.decide(self.request, candidates))
 
     def abandon(self) -> None:
         """The request will never be dispatched (its client left): release what it holds."""
@@ -324,6 +346,10 @@ class RequestCycle:
                 )
         if self.eviction is not None:
             self.eviction.release()
+        span = self._span
+        if span is not None and director.tracing is not None:
+            self._span = None
+            director.tracing.end(span, response.error, response.status)
         if dispatch_waiting and director.admission is not None:
             director.admission.notify()  # capacity freed: a waiting request may go now
 
@@ -332,3 +358,7 @@ class RequestCycle:
         complete it, if nothing did, so the hooks release what it held."""
         if not self._completed and self.result.targets:
             self.completed(Response(self.request.request_id, status=0, error=reason), self.result.targets[0])
+        span = self._span
+        if span is not None and self.director.tracing is not None:  # never decided: refused, or left
+            self._span = None
+            self.director.tracing.end(span, reason)

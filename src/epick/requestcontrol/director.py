@@ -37,6 +37,7 @@ from epick.requestcontrol.admission import FlowAdmission
 from epick.requestcontrol.cycle import RequestCycle
 from epick.requestcontrol.path import Observer, RequestPath, safely
 from epick.requestcontrol.tokenize import RemoteTokenization
+from epick.requestcontrol.tracing import RequestTracing
 from epick.requestcontrol.usage import UsageReader
 
 __all__ = ["Director", "Observer", "Parsed", "RequestCycle", "ResponseNeeds"]
@@ -132,6 +133,8 @@ class Director:
         self.subset_filter = True
         # Report the primary profile's scores in the routing's dynamic metadata (`--emit-endpoint-scores`).
         self.emit_scores = False
+        # OpenTelemetry spans for each request (`--tracing`); None: none are made.
+        self.tracing: RequestTracing | None = None
         self.admission: FlowAdmission | None = self._admission(config)
         # Called before every scheduling: `epick serve --workers` applies the other workers'
         # updates already received, so a decision sees every decision that reached this process.

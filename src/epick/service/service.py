@@ -41,11 +41,13 @@ from epick.framework.parsing import protocol_mismatch
 from epick.proxy.server import Proxy
 from epick.requestcontrol.director import Director
 from epick.requestcontrol.metrics import DataLayerErrors, EppMetrics
+from epick.requestcontrol.tracing import TracedTimer
 from epick.service.leader import LeaderElector
 from epick.service.metrics_server import MetricsAuth, MetricsServer, metrics_tls
 from epick.service.profiling import profiling_routes
 from epick.service.rewrites import RewriteSources
 from epick.service.settings import Settings
+from epick.service.tracing import tracing_from_environment
 
 __all__ = ["Service"]
 
@@ -114,6 +116,10 @@ class Service:
             rewrites=self.rewrites.current(),
             health=self.outliers,
         )
+        self.tracing = tracing_from_environment() if settings.tracing else None
+        if self.tracing is not None:
+            self.director.tracing = self.tracing.tracing
+            self.director.config.scheduler.timer = self._timer()
         self.director.subset_filter = settings.subset_filter
         self.director.emit_scores = settings.emit_endpoint_scores
         self.datastore.subscribe(self.director.endpoint_changed)
@@ -200,8 +206,12 @@ class Service:
         self.director.rewrites = self.rewrites.current()
 
     def _prepare(self, config: LoadedConfig) -> LoadedConfig:
-        config.scheduler.timer = self.metrics  # the scheduler's plugin timings, in /metrics
+        config.scheduler.timer = self._timer()  # the scheduler's plugin timings, in /metrics (and spans)
         return config
+
+    def _timer(self) -> EppMetrics | TracedTimer:
+        tracing = getattr(self, "tracing", None)
+        return TracedTimer(self.metrics, tracing.tracing) if tracing is not None else self.metrics
 
     # --- reload ----------------------------------------------------------------------------------
 
@@ -349,3 +359,5 @@ class Service:
             task.cancel()
         if self.metrics_server is not None:
             await self.metrics_server.stop()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)  # the spans still queued go out

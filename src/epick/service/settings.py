@@ -70,6 +70,8 @@ class Settings:
     metrics_client_ca: str | None = None
     # The profiling endpoints (`/debug/pprof/*`) on the metrics port (`--enable-pprof`).
     pprof: bool = False
+    # OpenTelemetry spans for each request (`--tracing`), set up from the OTEL_* environment.
+    tracing: bool = False
     refresh_metrics_interval: float = 0.05
     metrics_staleness_threshold: float | None = None
     objectives: tuple[tuple[str, int], ...] = ()  # objective name -> priority
