@@ -17,7 +17,8 @@ import math
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from epick.cli.epp_flags import DEPRECATED_METRIC_FLAGS, FLAGS, HOW
 from epick.cli.goflags import FlagError, GoFlags, HelpRequested, parse_go_flags
@@ -25,7 +26,7 @@ from epick.config import ConfigError
 from epick.datalayer.discovery.static import DiscoveryError
 from epick.datalayer.rewrites import RewriteError
 from epick.extproc.server import ExtProcOptions
-from epick.extproc.tls import TlsFileError
+from epick.extproc.tls import TlsFileError, cipher_string, tls_version
 from epick.proxy.server import ProxyOptions
 from epick.service import KubernetesSettings, Settings, SettingsError, serve
 from epick.service.leader import LeaseSettings
@@ -35,6 +36,7 @@ from epick.service.workers import cores_available
 __all__ = ["EppError", "main", "settings_from_flags"]
 
 log = logging.getLogger("epick.epp")
+T = TypeVar("T")
 
 EXIT_USAGE = 2  # pflag: a command line it cannot parse
 EXIT_INVALID = 1  # the EPP: flags that do not validate, or a failure while running
@@ -50,15 +52,6 @@ _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|
 _SUFFIX: dict[str, float] = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
                              "P": 1e15, "E": 1e18}  # fmt: skip
 _SUFFIX.update({f"{k}i": float(1024 ** (i + 1)) for i, k in enumerate("KMGTPE")})
-
-# Flags epick accepts but does not act on yet: warned about when given (or, for those whose upstream
-# default turns a feature on, at every start), naming the flag.
-NOT_YET = {
-    "tls-min-version": "epick's TLS takes TLS 1.2 and 1.3 (Python's defaults)",
-    "tls-cipher-suites": "epick's TLS uses Python's default cipher suites",
-}
-# Of those, the ones upstream turns on by default: warned about unless turned off.
-ON_BY_DEFAULT: tuple[str, ...] = ()
 
 
 class EppError(ValueError):
@@ -127,11 +120,6 @@ def warn_about(flags: GoFlags) -> None:
             "parameters in the config instead",
             name,
         )
-    for name, why in NOT_YET.items():
-        value = flags[name]
-        on = value is True or (not isinstance(value, bool) and bool(value))
-        if on and (flags.was_given(name) or name in ON_BY_DEFAULT):
-            log.warning("flag --%s=%s is accepted but not honoured: %s", name, value, why)
 
 
 def settings_from_flags(
@@ -183,6 +171,10 @@ def settings_from_flags(
             health_plaintext=True,
             drain_quiet=DRAIN_QUIET_S,
             stream_metrics=flags.boolean("enable-grpc-stream-metrics"),
+            tls_min_version=_checked(tls_version, flags.text("tls-min-version"), "tls-min-version"),
+            tls_cipher_suites=_checked(
+                cipher_string, flags.strings("tls-cipher-suites"), "tls-cipher-suites"
+            ),
             max_message_bytes=_quantity(flags.text("grpc-max-recv-msg-size"), "grpc-max-recv-msg-size")
             or DEFAULT_GRPC_MESSAGE_BYTES,
         ),
@@ -260,6 +252,16 @@ def _lease(flags: GoFlags, namespace: str, environ: os._Environ[str] | dict[str,
         renew_deadline=flags.number("lease-renew-deadline"),
         retry_period=flags.number("lease-retry-period"),
     )
+
+
+def _checked(check: Callable[[Any], object], value: T, flag: str) -> T:
+    """`value` once `check` takes it (an empty one as it is); `EppError` naming the flag if not."""
+    if value:
+        try:
+            check(value)
+        except ValueError as e:
+            raise EppError(f"--{flag}: {e}") from None
+    return value
 
 
 def _existing_pair(cert_dir: str) -> str | None:

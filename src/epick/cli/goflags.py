@@ -102,6 +102,11 @@ class GoFlags:
         assert isinstance(value, tuple), name
         return tuple(int(v) for v in value)
 
+    def strings(self, name: str) -> tuple[str, ...]:
+        value = self.values[name]
+        assert isinstance(value, tuple), name
+        return tuple(str(v) for v in value)
+
     def number(self, name: str) -> float:
         value = self.values[name]
         assert isinstance(value, int | float) and not isinstance(value, bool), name

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -176,6 +177,10 @@ class ExtProcOptions:
     # With `drain_quiet`: serve at least this long after the stop began, whatever the traffic (a
     # gateway takes a few seconds to learn that a replica is going).
     drain_floor: float = 5.0
+    # `--tls-min-version` (a Go name, VersionTLS12) and `--tls-cipher-suites` (Go names); empty: TLS 1.2
+    # and later, ECDHE with AES-GCM or ChaCha20.
+    tls_min_version: str = ""
+    tls_cipher_suites: tuple[str, ...] = ()
     # The request bodies held at once over every stream; past it a body is answered 503 (0: no limit).
     # Set from the service's settings (four times the largest body by default).
     max_bodies_bytes: int = 64 * 1024 * 1024
@@ -209,7 +214,13 @@ class ExtProcServer:
         self._health_server: GrpcServer | None = None
 
     async def start(self) -> None:
-        from epick.extproc.tls import CertificateStore, ServerContexts
+        from epick.extproc.tls import (
+            DEFAULT_CIPHERS,
+            CertificateStore,
+            ServerContexts,
+            cipher_string,
+            tls_version,
+        )
 
         options = self.options
         store = (
@@ -218,7 +229,15 @@ class ExtProcServer:
             else None
         )
         self.certificates = store
-        tls = ServerContexts(store).context() if store is not None else None
+        tls = None
+        if store is not None:
+            minimum = (
+                tls_version(options.tls_min_version) if options.tls_min_version else ssl.TLSVersion.TLSv1_2
+            )
+            ciphers = (
+                cipher_string(options.tls_cipher_suites) if options.tls_cipher_suites else DEFAULT_CIPHERS
+            )
+            tls = ServerContexts(store, minimum=minimum, ciphers=ciphers).context()
         director = self.director
         stats, budget = self.streams, self.bodies
         methods = {PROCESS: lambda call: ProcessCall(director, call, stats, budget), **self.health.methods()}

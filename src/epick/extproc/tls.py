@@ -241,14 +241,70 @@ class CertificateStore:
         log.info("ext_proc TLS certificate reloaded: %s", material.describe())
 
 
+DEFAULT_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
+# `--tls-min-version` and `--tls-cipher-suites` take Go's crypto/tls names.
+GO_TLS_VERSIONS = {
+    "VersionTLS10": ssl.TLSVersion.TLSv1,
+    "VersionTLS11": ssl.TLSVersion.TLSv1_1,
+    "VersionTLS12": ssl.TLSVersion.TLSv1_2,
+    "VersionTLS13": ssl.TLSVersion.TLSv1_3,
+}
+GO_CIPHER_SUITES = {
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305": "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
+    "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
+    "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
+}
+
+
+def tls_version(go_name: str) -> ssl.TLSVersion:
+    """A Go TLS version name (`VersionTLS12`) as Python's; `ValueError` naming the ones known."""
+    try:
+        return GO_TLS_VERSIONS[go_name]
+    except KeyError:
+        raise ValueError(f"unknown TLS version {go_name!r} (one of {', '.join(GO_TLS_VERSIONS)})") from None
+
+
+def cipher_string(go_names: Sequence[str]) -> str:
+    """Go cipher suite names as an OpenSSL cipher string; `ValueError` for one it does not know."""
+    unknown = [name for name in go_names if name not in GO_CIPHER_SUITES]
+    if unknown:
+        raise ValueError(
+            f"unknown TLS cipher suite {unknown[0]!r} "
+            "(Go crypto/tls names, e.g. TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256)"
+        )
+    return ":".join(GO_CIPHER_SUITES[name] for name in go_names)
+
+
 class ServerContexts:
     """asyncio's TLS for a `CertificateStore`: an `ssl.SSLContext` per loaded set (HTTP/2's ALPN `h2`,
     TLS 1.2 or later with the ciphers RFC 9113 allows; client certificates required with a client CA),
     each new handshake switched to the newest set when the store reloads."""
 
-    def __init__(self, store: CertificateStore, alpn: Sequence[str] = ("h2",)) -> None:
+    def __init__(
+        self,
+        store: CertificateStore,
+        alpn: Sequence[str] = ("h2",),
+        *,
+        minimum: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2,
+        ciphers: str = DEFAULT_CIPHERS,
+    ) -> None:
         self.store = store
         self.alpn = list(alpn)  # HTTP/2 for gRPC; /metrics speaks HTTP/1.1
+        self.minimum = minimum
+        self.ciphers = ciphers
         self._generation, material = store.current()
         self._context = self._build(material)
 
@@ -257,8 +313,8 @@ class ServerContexts:
 
     def _build(self, material: Material) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.set_ciphers("ECDHE+AESGCM:ECDHE+CHACHA20")  # TLS 1.2's; TLS 1.3's are all allowed
+        context.minimum_version = self.minimum
+        context.set_ciphers(self.ciphers)  # TLS 1.2's and older; TLS 1.3's are all allowed
         context.set_alpn_protocols(self.alpn)
         with tempfile.TemporaryDirectory(prefix="epick-tls-") as d:  # load_cert_chain reads only files
             chain, key = Path(d) / CERT_FILE, Path(d) / KEY_FILE

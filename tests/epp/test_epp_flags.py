@@ -1,0 +1,82 @@
+"""`epp`'s command line: exit statuses as upstream's, warnings naming what is ignored, TLS flags."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+
+import pytest
+
+from epick.cli.epp import EppError, _quantity, main, settings_from_flags
+from epick.cli.epp_flags import FLAGS
+from epick.cli.goflags import parse_go_flags
+from epick.extproc.tls import GO_CIPHER_SUITES, cipher_string, tls_version
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_restored() -> object:
+    """`main` sets up logging as the process's (the root logger's level and handler): put it back."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    root.setLevel(level)
+    root.handlers[:] = handlers
+
+
+def settings(*argv: str):  # type: ignore[no-untyped-def]
+    return settings_from_flags(parse_go_flags(list(argv), FLAGS), environ={"NAMESPACE": "ns"})
+
+
+def test_exit_statuses_are_upstreams(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    assert main(["--pool-name=p", "--no-such-flag"]) == 2
+    assert "unknown flag: --no-such-flag" in capsys.readouterr().err
+    assert main(["--pool-name=p", "--endpoint-selector=a=b"]) == 1  # flags that do not validate
+    assert main(["--pool-name=p", "--zap-log-level=warn"]) == 2
+
+
+def test_what_epick_ignores_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    from epick.cli.epp import warn_about
+
+    flags = parse_go_flags(
+        ["--pool-name", "p", "--secure-serving", "false", "--total-queued-requests-metric=x",
+         "--model-server-metrics-path=/m"],
+        FLAGS,
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="epick.epp"):
+        warn_about(flags)
+    text = caplog.text
+    assert "ignoring arguments that are not flags (as the Go EPP does): false" in text
+    assert "flag --total-queued-requests-metric is deprecated" in text
+    assert "flag --model-server-metrics-path is deprecated (GIE v1.5.0)" in text
+
+
+def test_tls_flags_take_gos_names() -> None:
+    suites = "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384"
+    s = settings("--pool-name=p", "--tls-min-version=VersionTLS13", f"--tls-cipher-suites={suites}")
+    assert s.extproc is not None and s.extproc.tls_min_version == "VersionTLS13"
+    assert tls_version("VersionTLS13") is ssl.TLSVersion.TLSv1_3
+    assert (
+        cipher_string(s.extproc.tls_cipher_suites)
+        == "ECDHE-RSA-AES128-GCM-SHA256:ECDHE-RSA-AES256-GCM-SHA384"
+    )
+    with pytest.raises(EppError, match=r"--tls-min-version: unknown TLS version 'TLS1\.3'"):
+        settings("--pool-name=p", "--tls-min-version=TLS1.3")
+    with pytest.raises(EppError, match="--tls-cipher-suites: unknown TLS cipher suite 'RC4'"):
+        settings("--pool-name=p", "--tls-cipher-suites=RC4")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.set_ciphers(cipher_string(list(GO_CIPHER_SUITES)))  # OpenSSL knows every one
+
+
+def test_sizes_are_kubernetes_quantities() -> None:
+    assert _quantity("10MiB", "f") == 10 * 1024 * 1024
+    assert _quantity("25MB", "f") == 25_000_000
+    assert _quantity("1500m", "f") == 2  # milli, rounded up, as Quantity.Value()
+    with pytest.raises(EppError, match="not a size"):
+        _quantity("1g", "f")
+
+
+def test_leader_election_runs_one_worker() -> None:
+    assert settings("--pool-name=p", "--ha-enable-leader-election").workers == 1
+    with pytest.raises(EppError, match="runs in one worker process"):
+        settings("--pool-name=p", "--ha-enable-leader-election", "--workers=2")
