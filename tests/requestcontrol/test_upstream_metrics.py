@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from epick.config import LoadedConfig, load_config_text
+from epick.config import LoadedConfig, load_config_file, load_config_text
 from epick.datalayer.datastore import Datastore, EndpointSpec
 from epick.datalayer.kvevents import KVEventsCollector, KVEventSubscribers, sinks_of
 from epick.datalayer.scraper import ScrapeErrors
@@ -21,6 +21,7 @@ from epick.extproc.stream_metrics import StreamMetrics
 from epick.framework import Metrics, Response, Usage
 from epick.requestcontrol.director import Director
 from epick.requestcontrol.metrics import DataLayerErrors, EppMetrics
+from epick.requestcontrol.plugin_metrics import PluginMetrics
 from epick.wire.h2 import Status
 from tests.requestcontrol.test_director import rewrites
 
@@ -54,6 +55,25 @@ flowControl:
 """
 
 
+# llm-d's deprecated P/D handler, which counts its decisions under the pd_decision families.
+PD_LEGACY = """\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefix-cache-scorer
+- type: prefix-based-pd-decider
+- type: pd-profile-handler
+- type: decode-filter
+- type: prefill-filter
+- type: max-score-picker
+schedulingProfiles:
+- name: decode
+  plugins: [{pluginRef: decode-filter}, {pluginRef: prefix-cache-scorer}, {pluginRef: max-score-picker}]
+- name: prefill
+  plugins: [{pluginRef: prefill-filter}, {pluginRef: max-score-picker}]
+"""
+
+
 def _families(text: str) -> dict[str, Any]:
     return {f.name: f for f in text_string_to_metric_families(text)}
 
@@ -82,6 +102,14 @@ async def served() -> dict[str, Any]:
     streams = StreamMetrics()
     streams.closed(streams.opened(), Status.OK)
     metrics.registry.register(streams)
+    # a disaggregating config's decisions (its profile handler's counters), and the deprecated handler's
+    for pd in (load_config_file(str(ROOT / "config" / "pd.yaml")), load_config_text(PD_LEGACY)):
+        pd_director = Director(pd, ds.snapshot)
+        for _ in range(2):
+            pd_director.decide(
+                json.dumps({"model": "m", "prompt": "p " * 300}).encode(), {}, "/v1/completions"
+            )
+        metrics.registry.register(PluginMetrics(lambda pd=pd: pd.plugins.values()))  # type: ignore[misc]
     for i in range(3):
         body = json.dumps({"model": "alias", "prompt": "same prompt " * 20, "stream": True}).encode()
         cycle = director.begin(body, {"x-gateway-inference-fairness-id": "tenant"}, "/v1/completions")

@@ -21,7 +21,7 @@ encode target, comma-separated), as upstream's PreRequest sets them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Literal
 
 from pydantic import field_validator, model_validator
@@ -37,6 +37,7 @@ from epick.framework import (
     SchedulingResult,
     state_key,
 )
+from epick.framework.metrics import LLMD_SUBSYSTEM, MetricSample
 from epick.plugins.profile.deciders import DisaggregationRule, EncodeDecider, EncodeRule, PDDecider
 from epick.plugins.profile.peer import publish_peer
 from epick.plugins.registry import Handle, ParameterError, Parameters, PluginSpec
@@ -126,6 +127,9 @@ class DisaggParameters(Parameters):
 class DisaggProfileHandler(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.NOTHING  # its deciders are plugins of their own
+    # The decisions it counts (upstream's profilehandler/disagg/metrics.go): llm_d_epp_<family>_total
+    # with plugin labels, and its deprecated llm_d_inference_scheduler_ twin.
+    decision_family = "disagg_decision"
 
     def __init__(
         self,
@@ -146,6 +150,7 @@ class DisaggProfileHandler(NamedPlugin):
         self.encode_decider = encode_decider
         self.stage_order = stage_order
         self._skipped_key = state_key(self) + "/skipped"
+        self.decisions: dict[tuple[str, str], int] = {}  # (model, decision type) -> requests
 
     def bound_prefill_profile(self) -> str:
         return self.prefill_profile
@@ -248,9 +253,41 @@ class DisaggProfileHandler(NamedPlugin):
         if encode is not None and encode.targets:
             merged[self.encode_profile] = encode
             headers[ENCODER_HEADER] = ",".join(ep.host_port for ep in encode.targets)
+        key = (
+            request.target_model or "unknown",
+            decision_type(self.encode_profile in merged, self.prefill_profile in merged),
+        )
+        self.decisions[key] = self.decisions.get(key, 0) + 1
         return SchedulingResult(
             merged, self.decode_profile, prefill_profile=self.prefill_profile, headers=headers
         )
+
+    # ExportsMetrics: the decisions, by model and type.
+    def metric_samples(self) -> Iterator[MetricSample]:
+        family = self.decision_family
+        for (model, decision), count in self.decisions.items():
+            labels = (("model_name", model), ("decision_type", decision))
+            doc = (
+                "Disaggregation decisions: decode-only, prefill-decode, encode-decode, encode-prefill-decode."
+            )
+            yield MetricSample(f"{LLMD_SUBSYSTEM}_{family}", doc, "counter", float(count), labels)
+            yield MetricSample(
+                f"llm_d_inference_scheduler_{family}",
+                doc,
+                "counter",
+                float(count),
+                labels,
+                plugin_labels=False,
+            )
+
+
+def decision_type(encode_used: bool, prefill_used: bool) -> str:
+    """Which stages a request went through, as upstream names its decisions."""
+    if encode_used and prefill_used:
+        return "encode-prefill-decode"
+    if encode_used:
+        return "encode-decode"
+    return "prefill-decode" if prefill_used else "decode-only"
 
 
 def _decider(handle: Handle, where: str, name: str, *, kind: type, what: str, fix: str) -> object:

@@ -82,6 +82,7 @@ class ThresholdRule:
 
 class PdProfileHandler(DisaggProfileHandler):
     plugin_type = TYPE
+    decision_family = "pd_decision"  # upstream's deprecated handler counts under its own family
 
     def required_profiles(self) -> dict[str, str]:
         # The prefill profile may be left out (then every request is decode-only), as in llm-d.
