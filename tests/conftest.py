@@ -46,3 +46,22 @@ async def make_app() -> AsyncIterator[MakeApp]:
     yield start
     for server in apps:
         await server.stop()
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[Any]:
+    """The Kubernetes API double (tests/kubernetes/fake_apiserver.py), started and stopped."""
+    from tests.kubernetes.fake_apiserver import FakeApiServer
+
+    server = await FakeApiServer().start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def api(fake: Any) -> AsyncIterator[Any]:
+    """A kubernetes-asyncio API client on the double (no credentials: a plain HTTP server)."""
+    from kubernetes_asyncio import client
+
+    async with client.ApiClient(client.Configuration(host=fake.url)) as api_client:
+        yield api_client

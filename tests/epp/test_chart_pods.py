@@ -23,13 +23,6 @@ ZAP_KEYS = {"level", "ts", "logger", "caller", "msg"}
 
 
 @pytest.fixture
-async def fake() -> AsyncIterator[FakeApiServer]:
-    server = await FakeApiServer().start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
 async def sim() -> AsyncIterator[SimServer]:
     server = SimServer(ServerOptions(port=0, time_scale=100), 0)
     await server.start()

@@ -26,19 +26,6 @@ Make = Callable[..., Awaitable[KubernetesDiscovery]]
 
 
 @pytest.fixture
-async def fake() -> AsyncIterator[FakeApiServer]:
-    server = await FakeApiServer().start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
-async def api(fake: FakeApiServer) -> AsyncIterator[Any]:
-    async with client.ApiClient(client.Configuration(host=fake.url)) as api_client:
-        yield api_client
-
-
-@pytest.fixture
 def ds() -> Datastore:
     return Datastore()
 

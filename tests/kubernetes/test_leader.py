@@ -3,30 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from kubernetes_asyncio import client
 
 from epick.service.leader import LeaderElector, LeaseSettings
 from tests.kubernetes.fake_apiserver import FakeApiServer
 from tests.kubernetes.test_discovery import eventually
 
 FAST = LeaseSettings("pool-epp", "default", lease_duration=0.6, renew_deadline=0.4, retry_period=0.05)
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeApiServer]:
-    server = await FakeApiServer().start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
-async def api(fake: FakeApiServer) -> AsyncIterator[Any]:
-    async with client.ApiClient(client.Configuration(host=fake.url)) as api_client:
-        yield api_client
 
 
 def elector(api: Any, identity: str, changes: list[tuple[str, bool]] | None = None) -> LeaderElector:

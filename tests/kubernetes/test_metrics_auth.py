@@ -4,13 +4,11 @@ over TLS: against the API double, with the real kubernetes-asyncio client."""
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from kubernetes_asyncio import client
 
 from epick.service.metrics_server import MetricsAuth, MetricsServer, metrics_tls
 from tests.kubernetes.fake_apiserver import FakeApiServer
@@ -18,19 +16,11 @@ from tests.kubernetes.fake_apiserver import FakeApiServer
 SA = "system:serviceaccount:llm-d:vllm-qwen3-32b-epp"
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeApiServer]:
-    server = await FakeApiServer().start()
-    server.tokens = {"good": (SA, ["system:serviceaccounts"]), "other": ("someone", [])}
-    server.allowed = {(SA, "/metrics", "get")}
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
-async def api(fake: FakeApiServer) -> AsyncIterator[Any]:
-    async with client.ApiClient(client.Configuration(host=fake.url)) as api_client:
-        yield api_client
+@pytest.fixture(autouse=True)
+def _reviews(fake: FakeApiServer) -> None:
+    """The double knows two tokens, and lets one of them read /metrics."""
+    fake.tokens = {"good": (SA, ["system:serviceaccounts"]), "other": ("someone", [])}
+    fake.allowed = {(SA, "/metrics", "get")}
 
 
 async def serving(auth: MetricsAuth | None, tls: ssl.SSLContext | None = None) -> MetricsServer:

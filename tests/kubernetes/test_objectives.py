@@ -16,9 +16,9 @@ from epick.service import Service
 from epick.sim.server import SimServer
 from tests.kubernetes.fake_apiserver import REWRITES_LLMD, FakeApiServer
 from tests.kubernetes.test_rewrites import sim, start_service
-from tests.kubernetes.test_serve import fake, wait_for
+from tests.kubernetes.test_serve import wait_for
 
-__all__ = ["fake", "sim"]  # the fixtures
+__all__ = ["sim"]  # the fixture
 
 BODY = json.dumps({"model": "sim-model", "prompt": "hi"}).encode()
 FLOW = """\

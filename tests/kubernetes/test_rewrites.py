@@ -18,9 +18,7 @@ from epick.service import KubernetesSettings, Service, Settings
 from epick.sim.options import ServerOptions
 from epick.sim.server import SimServer
 from tests.kubernetes.fake_apiserver import REWRITES_GIE, REWRITES_LLMD, FakeApiServer
-from tests.kubernetes.test_serve import LABELS, fake, kubeconfig, wait_for
-
-__all__ = ["fake"]  # the fixture, shared with test_serve
+from tests.kubernetes.test_serve import LABELS, kubeconfig, wait_for
 
 SERVED = "sim-model"
 

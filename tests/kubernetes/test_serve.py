@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -18,13 +17,6 @@ from epick.sim.server import IDENTITY_HEADER, SimServer
 from tests.kubernetes.fake_apiserver import FakeApiServer
 
 LABELS = {"app": "vllm"}
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeApiServer]:
-    server = await FakeApiServer().start()
-    yield server
-    await server.stop()
 
 
 def kubeconfig(path: Path, url: str) -> str:

@@ -15,14 +15,12 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
 import socket
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from epick.datalayer.discovery.kubernetes.api import Json, _ApiError, _describe, call_json
@@ -32,7 +30,6 @@ __all__ = ["LeaderElector", "LeaseSettings", "default_identity"]
 log = logging.getLogger("epick.leader")
 
 GROUP, VERSION, PLURAL = "coordination.k8s.io", "v1", "leases"
-SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 def default_identity() -> str:
@@ -171,15 +168,7 @@ class LeaderElector:
         s = self.settings
         now = self._wall()
         try:
-            lease = await call_json(
-                api.get_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                s.namespace,
-                PLURAL,
-                s.name,
-                timeout=self._timeout,
-            )
+            lease = await self._read(api)
         except _ApiError as e:
             if e.status != 404:
                 raise
@@ -225,6 +214,32 @@ class LeaderElector:
         self._observe(updated)
         return True
 
+    async def _read(self, api: Any) -> Json:
+        s = self.settings
+        return await call_json(
+            api.get_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            s.namespace,
+            PLURAL,
+            s.name,
+            timeout=self._timeout,
+        )
+
+    async def _write(self, api: Any, lease: Json) -> Json:
+        """Replace the Lease (carrying the resourceVersion read: 409 if another wrote since)."""
+        s = self.settings
+        return await call_json(
+            api.replace_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            s.namespace,
+            PLURAL,
+            s.name,
+            lease,
+            timeout=self._timeout,
+        )
+
     def _duration(self, spec: Json) -> float:
         with contextlib.suppress(TypeError, ValueError):
             return float(spec.get("leaseDurationSeconds"))  # type: ignore[arg-type]
@@ -259,17 +274,8 @@ class LeaderElector:
         from kubernetes_asyncio import client
 
         api = client.CustomObjectsApi(self._api)
-        s = self.settings
         try:
-            lease = await call_json(
-                api.get_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                s.namespace,
-                PLURAL,
-                s.name,
-                timeout=self._timeout,
-            )
+            lease = await self._read(api)
             spec = lease.get("spec") or {}
             if spec.get("holderIdentity") != self.identity:
                 return
@@ -281,27 +287,7 @@ class LeaderElector:
                 "renewTime": now,
                 "leaseTransitions": int(spec.get("leaseTransitions") or 0),
             }
-            await call_json(
-                api.replace_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                s.namespace,
-                PLURAL,
-                s.name,
-                lease,
-                timeout=self._timeout,
-            )
+            await self._write(api, lease)
             log.info("Lease %s: released", self._where)
         except Exception as e:  # shutting down: say so and go on
             log.warning("Lease %s: could not release it: %s", self._where, _describe(e))
-
-
-def pod_namespace(default: str = "default") -> str:
-    """The namespace this pod runs in: $NAMESPACE, else the service account's, else `default`."""
-    if os.environ.get("NAMESPACE"):
-        return os.environ["NAMESPACE"]
-    with contextlib.suppress(OSError):
-        text = Path(SERVICE_ACCOUNT_NAMESPACE).read_text().strip()
-        if text:
-            return text
-    return default

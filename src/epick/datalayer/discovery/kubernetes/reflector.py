@@ -15,7 +15,15 @@ from typing import Any
 
 import aiohttp
 
-from epick.datalayer.discovery.kubernetes.api import Json, _ApiError, _check, _describe, _GoneError, _metadata
+from epick.datalayer.discovery.kubernetes.api import (
+    Json,
+    _ApiError,
+    _check,
+    _describe,
+    _GoneError,
+    _metadata,
+    call_json,
+)
 
 log = logging.getLogger(__name__)
 
@@ -95,16 +103,7 @@ class Reflector:
         return [i for i in items if isinstance(i, dict)], str(rv or "0")
 
     async def get(self, call: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Json:
-        resp = await call(*args, _preload_content=False, _request_timeout=self._list_timeout, **kwargs)
-        try:
-            await _check(resp)
-            body = await resp.read()
-        finally:
-            resp.release()
-        doc = json.loads(body)
-        if not isinstance(doc, dict):
-            raise ValueError("the answer is not a JSON object")
-        return doc
+        return await call_json(call, *args, timeout=self._list_timeout, **kwargs)
 
     async def _watch(self, coll: _Collection, cursor: _Cursor, on_event: EventHandler, retry: _Retry) -> None:
         """Follow one watch stream until it ends; events move `cursor` on."""
