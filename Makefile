@@ -12,6 +12,9 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	# xds-protos ships its own copy of opentelemetry/proto/*_pb2.py, older than opentelemetry-proto's,
+	# and whichever is installed last wins the files: the OTLP exporter needs opentelemetry-proto's.
+	$(BIN)/pip install --quiet --force-reinstall --no-deps 'opentelemetry-proto==1.45.2'
 	touch $(STAMP)
 
 test: $(STAMP)
