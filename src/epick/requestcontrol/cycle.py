@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
@@ -50,13 +51,20 @@ log = logging.getLogger(__name__)
 _NOT_DECIDED = SchedulingResult({}, "")
 
 
+def _ignore(seconds: float) -> None:
+    """Chunk gaps nobody records."""
+
+
 class RequestCycle:
     """A request from its parsed form to its completion; see the module's docstring for the steps."""
 
     __slots__ = (
         "_completed",
         "_counted",
+        "_clock",
         "_first_chunk",
+        "_gaps",
+        "_streams",
         "_handling",
         "_labels",
         "_last_chunk",
@@ -95,12 +103,15 @@ class RequestCycle:
         # For metrics: when the request arrived (the director's clock), whether it was counted as
         # decided (and running), when its response's first and latest chunks came, its size, and the
         # time spent handling the response.
-        self.started = director.clock()
+        self._clock = director.clock
+        self._streams = request.body.stream  # a streamed response: the gaps between its chunks count
+        self.started = self._clock()
         # The gateway's endpoint subset hint: the addresses the request may go to (None: any).
         self.subset: frozenset[str] | None = None
         self._counted = False
         self._labels: RequestLabels | None = None
         self._first_chunk: float | None = None
+        self._gaps: Callable[[float], None] | None = None  # the observer's, found at the second chunk
         self._last_chunk: float | None = None
         self._response_bytes = 0
         self._handling = 0.0
@@ -289,8 +300,18 @@ class RequestCycle:
     def streamed(self, response: Response, endpoint: Endpoint) -> None:
         """A chunk of the response (`response.chunk`)."""
         chunk = response.chunk
-        if chunk:
-            self.body_seen(len(chunk))
+        if chunk:  # body_seen, inlined: this runs for every chunk of every response
+            now = self._clock()
+            last = self._last_chunk
+            if last is None:
+                self._first_chunk = now
+            elif self._streams:
+                gaps = self._gaps
+                if gaps is None:
+                    gaps = self._gaps = self.director.observer.chunk_gaps(self.labels) or _ignore
+                gaps(now - last)
+            self._last_chunk = now
+            self._response_bytes += len(chunk)
         hooks = self.director.config.hooks.response_streaming
         if self.usage is None and not hooks:
             return
@@ -304,12 +325,15 @@ class RequestCycle:
     def body_seen(self, size: int) -> None:
         """A chunk of the response's body passed (its size), read or not: for the metrics, the time
         to the first one, the gaps between them (streamed responses) and the bytes."""
-        director = self.director
-        now = director.clock()
-        if self._first_chunk is None:
+        now = self._clock()
+        last = self._last_chunk
+        if last is None:
             self._first_chunk = now
-        elif self.request.body.stream and self._last_chunk is not None:
-            director.observer.chunk_gap(self.labels, now - self._last_chunk)
+        elif self._streams:
+            gaps = self._gaps
+            if gaps is None:
+                gaps = self._gaps = self.director.observer.chunk_gaps(self.labels) or _ignore
+            gaps(now - last)
         self._last_chunk = now
         self._response_bytes += size
 

@@ -249,8 +249,8 @@ class EppMetrics(Observer):
     def request_phase(self, seconds: float) -> None:
         self._request_phase.observe(seconds)
 
-    def chunk_gap(self, labels: RequestLabels, seconds: float) -> None:
-        self._series(labels).itl.observe(seconds)
+    def chunk_gaps(self, labels: RequestLabels) -> Callable[[float], None]:
+        return self._series(labels).itl.observe
 
     def completed(self, labels: RequestLabels, completion: Completion) -> None:
         series = self._series(labels)

@@ -74,8 +74,10 @@ class Observer:
     def request_phase(self, seconds: float) -> None:
         """The request phase (parse, admission, decision) ended, successfully or not."""
 
-    def chunk_gap(self, labels: RequestLabels, seconds: float) -> None:
-        """Seconds between two chunks of a streamed response's body."""
+    def chunk_gaps(self, labels: RequestLabels) -> Callable[[float], None] | None:
+        """What takes the seconds between two chunks of a streamed response's body (looked up once
+        per request; None: they are not recorded)."""
+        return None
 
     def completed(self, labels: RequestLabels, completion: Completion) -> None:
         """A decided request's response ended."""
