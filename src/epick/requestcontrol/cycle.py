@@ -59,17 +59,17 @@ class RequestCycle:
     """A request from its parsed form to its completion; see the module's docstring for the steps."""
 
     __slots__ = (
+        "_clock",
         "_completed",
         "_counted",
-        "_clock",
         "_first_chunk",
         "_gaps",
-        "_streams",
         "_handling",
         "_labels",
         "_last_chunk",
         "_response_bytes",
         "_span",
+        "_streams",
         "body",
         "client_model",
         "cycle_state",
