@@ -42,6 +42,8 @@ plugins:
 - type: max-score-picker
 - type: precise-prefix-cache-producer
   parameters: {indexerConfig: {kvBlockIndexConfig: {enableMetrics: true}}}
+- type: predicted-latency-producer
+  parameters: {streamingMode: true, predictor: {learner: analytic}}
 schedulingProfiles:
 - name: default
   plugins:
@@ -112,7 +114,8 @@ async def served() -> dict[str, Any]:
         metrics.registry.register(PluginMetrics(lambda pd=pd: pd.plugins.values()))  # type: ignore[misc]
     for i in range(3):
         body = json.dumps({"model": "alias", "prompt": "same prompt " * 20, "stream": True}).encode()
-        cycle = director.begin(body, {"x-gateway-inference-fairness-id": "tenant"}, "/v1/completions")
+        headers = {"x-gateway-inference-fairness-id": "tenant", "x-llm-d-slo-ttft-ms": "0.001"}
+        cycle = director.begin(body, headers, "/v1/completions")
         result = await cycle.admit()
         endpoint = result.targets[0]
         cycle.received(Response(cycle.request.request_id, status=200, streaming=True), endpoint)

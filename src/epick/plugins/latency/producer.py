@@ -56,7 +56,7 @@ from epick.framework import (
 )
 from epick.framework.datalayer import data_key
 from epick.framework.metrics import EPICK_PREFIX, MetricSample
-from epick.plugins.latency.accuracy import ACCURACY_COUNTERS, Accuracy
+from epick.plugins.latency.accuracy import ACCURACY_COUNTERS, Accuracy, LatencyFamilies
 from epick.plugins.latency.learners import learner_for
 from epick.plugins.latency.parameters import PredictedLatencyParameters
 from epick.plugins.latency.predictions import LatencyPrediction, LatencyPredictions, read_predictions
@@ -80,6 +80,7 @@ class _Context:
 
     created: float
     objectives: Objectives
+    model: str = ""  # the model served (the metrics' label)
     rows: Matrix | None = None  # the candidates' features, one row each
     index: dict[str, int] = field(default_factory=dict)  # endpoint name -> its row
     predictions: LatencyPredictions | None = None
@@ -162,10 +163,12 @@ class PredictedLatencyProducer(NamedPlugin):
         self._running: dict[str, _RunningSet] = {}
         self.ttft_accuracy = Accuracy()
         self.tpot_accuracy = Accuracy()
+        self.latencies = LatencyFamilies()  # upstream's per-request families
 
     # ExportsMetrics: how the predictions compare with the responses (epick's own names; upstream
     # records histograms per request under inference_objective_*).
     def metric_samples(self) -> Iterator[MetricSample]:
+        yield from self.latencies.samples()
         prefix = f"{EPICK_PREFIX}_predicted_latency"
         accuracy = (("ttft", self.ttft_accuracy), ("tpot", self.tpot_accuracy))
         for name, doc, value in ACCURACY_COUNTERS:
@@ -234,7 +237,7 @@ class PredictedLatencyProducer(NamedPlugin):
     ) -> None:
         now = self.clock()
         self._expire(now)
-        ctx = _Context(now, objectives(request.headers))
+        ctx = _Context(now, objectives(request.headers), request.target_model or "unknown")
         x = self.features(request, cycle_state, endpoints)
         ctx.rows = x
         ctx.index = {ep.name: i for i, ep in enumerate(endpoints)}
@@ -346,13 +349,17 @@ class PredictedLatencyProducer(NamedPlugin):
             row = ctx.row(ctx.target)
             if row is not None and tpot > 0:
                 self.predictor.observe_tpot(row, tpot)
-                self.tpot_accuracy.add(tpot, ctx.predicted(ctx.target, "tpot"), ctx.objectives.tpot_ms)
+                predicted = ctx.predicted(ctx.target, "tpot")
+                self.tpot_accuracy.add(tpot, predicted, ctx.objectives.tpot_ms)
+                self.latencies.observe(ctx.model, "tpot", tpot, predicted, ctx.objectives.tpot_ms)
 
     def _train_ttft(self, ctx: _Context) -> None:
         row = ctx.row(ctx.trained_on)
         if row is not None:
             self.predictor.observe_ttft(row, ctx.ttft_ms)
-            self.ttft_accuracy.add(ctx.ttft_ms, ctx.predicted(ctx.trained_on, "ttft"), ctx.objectives.ttft_ms)
+            predicted = ctx.predicted(ctx.trained_on, "ttft")
+            self.ttft_accuracy.add(ctx.ttft_ms, predicted, ctx.objectives.ttft_ms)
+            self.latencies.observe(ctx.model, "ttft", ctx.ttft_ms, predicted, ctx.objectives.ttft_ms)
 
     def _leave(self, key: int, ctx: _Context) -> None:
         if ctx.target is None:
