@@ -19,7 +19,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.epp.charts import ChartPod
-from tests.extproc.gateway import TEMPLATE, Modes, envoy_binary, free_port
+from tests.extproc.gateway import TEMPLATE, Modes, envoy_binary, envoy_ready, free_port
 from tests.kubernetes.test_serve import kubeconfig
 
 
@@ -143,17 +143,7 @@ class Envoy:
         import aiohttp
 
         async with aiohttp.ClientSession() as session:
-            for _ in range(300):
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"envoy exited: {self.log_path.read_text()}")
-                try:
-                    async with session.get(f"http://127.0.0.1:{self.admin_port}/ready") as r:
-                        if r.status == 200:
-                            return
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.05)
-        raise RuntimeError("envoy did not become ready")
+            await envoy_ready(session, self.proc, self.admin_port, self.log_path)
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -84,6 +84,23 @@ class Modes:
         )
 
 
+async def envoy_ready(
+    session: aiohttp.ClientSession, proc: subprocess.Popen[bytes], admin_port: int, log_path: Path
+) -> None:
+    """Until Envoy's admin port says it is ready (an exited Envoy raises, with its log)."""
+    for _ in range(300):
+        if proc.poll() is not None:
+            raise RuntimeError(f"envoy exited with {proc.returncode}: {log_path.read_text()}")
+        try:
+            async with session.get(f"http://127.0.0.1:{admin_port}/ready") as r:
+                if r.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.05)
+    raise RuntimeError("envoy did not become ready")
+
+
 class Gateway:
     def __init__(self, service: Service, sims: list[SimServer], tmp: Path, modes: Modes) -> None:
         self.service = service
@@ -134,17 +151,7 @@ class Gateway:
         return f"http://127.0.0.1:{self.listen_port}"
 
     async def wait_ready(self, session: aiohttp.ClientSession) -> None:
-        for _ in range(300):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"envoy exited with {self.proc.returncode}: {self.log_path.read_text()}")
-            try:
-                async with session.get(f"http://127.0.0.1:{self.admin_port}/ready") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-        raise RuntimeError("envoy did not become ready")
+        await envoy_ready(session, self.proc, self.admin_port, self.log_path)
 
     async def wait_completed(self, request_ids: set[str]) -> None:
         """Until every one of `request_ids` is reported complete (in NONE mode, when Envoy closes the

@@ -300,18 +300,8 @@ class RequestCycle:
     def streamed(self, response: Response, endpoint: Endpoint) -> None:
         """A chunk of the response (`response.chunk`)."""
         chunk = response.chunk
-        if chunk:  # body_seen, inlined: this runs for every chunk of every response
-            now = self._clock()
-            last = self._last_chunk
-            if last is None:
-                self._first_chunk = now
-            elif self._streams:
-                gaps = self._gaps
-                if gaps is None:
-                    gaps = self._gaps = self.director.observer.chunk_gaps(self.labels) or _ignore
-                gaps(now - last)
-            self._last_chunk = now
-            self._response_bytes += len(chunk)
+        if chunk:
+            self.body_seen(len(chunk))
         hooks = self.director.config.hooks.response_streaming
         if self.usage is None and not hooks:
             return
