@@ -99,3 +99,17 @@ def test_client_given_label_values_are_capped() -> None:
     ids = {ls["fairness_id"] for ls in s.labelsets("llm_d_epp_request_total")}
     assert len(ids) == LABEL_VALUES + 1 and "other" in ids
     assert s.value("llm_d_epp_request_total", fairness_id="other") == 20
+
+
+def test_latencies_count_from_when_the_request_arrived() -> None:
+    """A front end passes when the headers came: the body's upload and parsing count in the TTFT."""
+    d, metrics, clock = setup()
+    arrived = clock.now
+    clock.now += 0.4  # the body took this long to arrive and be read
+    cycle = d.decide(body(True), {}, "/v1/completions", arrived=arrived)
+    ep = cycle.targets[0]
+    clock.now += 0.1
+    cycle.streamed(Response(cycle.request.request_id, streaming=True, chunk=b"data: a\n\n"), ep)
+    cycle.completed(Response(cycle.request.request_id, end_of_stream=True), ep)
+    s = Scrape(metrics)
+    assert s.value("llm_d_epp_request_ttft_seconds_sum", **LABELS, streaming="true") == pytest.approx(0.5)

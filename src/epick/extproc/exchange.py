@@ -148,6 +148,8 @@ class Exchange:
     # The body came with a Content-Encoding and was decoded to be read: whatever is forwarded decoded
     # goes without that header.
     decoded: bool = False
+    # When the request headers came, on the director's clock: the request's latencies count from it.
+    arrived: float | None = None
     # The request-body bytes all streams hold at once (the server's), and what this one holds of them.
     budget: BodyBudget | None = None
     held: int = 0
@@ -197,6 +199,7 @@ class Exchange:
                 RequestError(400, "a second set of request headers on one ext_proc stream", "bad_stream")
             )
         self.headers = messages.headers_of(message)
+        self.arrived = self.director.clock()
         self.needs = self.director.response_needs
         if message.end_of_stream:  # no body will follow
             return self._route(phase="headers", more=False)
@@ -256,7 +259,7 @@ class Exchange:
             return []
         try:
             received, headers = self._decoded()
-            decision = self.director.decide(received, headers, _path(headers), self.subset)
+            decision = self.director.decide(received, headers, _path(headers), self.subset, self.arrived)
         except RequestError as e:
             return self._fail(e)
         return self._routed(decision, received, phase=phase, more=more)
@@ -298,7 +301,7 @@ class Exchange:
         self.pending = None
         try:
             received, headers = self._decoded()
-            decision = self.director.begin(received, headers, _path(headers), self.subset)
+            decision = self.director.begin(received, headers, _path(headers), self.subset, self.arrived)
             await decision.admit()
         except RequestError as e:
             return self._fail(e)

@@ -173,6 +173,7 @@ class Proxy:
         await self._handle(http, reply)
 
     async def _handle(self, http: Request, reply: Reply) -> None:
+        arrived = self.director.clock()  # the request's latencies count from here, the body's upload in
         try:
             if http.body_complete:
                 body = await http.read()  # decoded when the client sent Content-Encoding
@@ -198,7 +199,7 @@ class Proxy:
             reply.error(errors.bad_request(f"request target {http.target[:200]!r} is not a path"))
             return
         try:
-            decision = self.director.begin(body, http.headers, http.path)
+            decision = self.director.begin(body, http.headers, http.path, arrived=arrived)
             await decision.admit()
         except RequestError as e:
             reply.error(e)

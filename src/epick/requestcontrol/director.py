@@ -236,10 +236,12 @@ class Director:
         headers: Mapping[str, str],
         path: str = DEFAULT_PATH,
         subset: frozenset[str] | None = None,
+        arrived: float | None = None,
     ) -> RequestCycle:
         """A request's cycle: parsed, and refused when no endpoint serves its model. Raises
         `RequestError` with the status a client gets. `subset`: the gateway's endpoint subset hint
-        (the addresses the request may go to), None for none."""
+        (the addresses the request may go to), None for none. `arrived`: when the request's headers
+        came, on the director's clock (the request's latencies count from it; None: now)."""
         parsed = self.parse(body, headers, path)
         request, client_model = parsed.request, parsed.client_model
         model = request.target_model
@@ -252,6 +254,8 @@ class Director:
         usage = self._usage_reader(parsed.parser, parsed.read_response)
         cycle = RequestCycle(self, request, parsed.body, client_model, usage)
         cycle.subset = subset
+        if arrived is not None:
+            cycle.started = arrived
         return cycle
 
     def cycle(self, request: InferenceRequest) -> RequestCycle:
@@ -264,10 +268,11 @@ class Director:
         headers: Mapping[str, str],
         path: str = DEFAULT_PATH,
         subset: frozenset[str] | None = None,
+        arrived: float | None = None,
     ) -> RequestCycle:
         """`begin` and `RequestCycle.decide`: a request decided without waiting (no flow control, no
         model server's tokens)."""
-        cycle = self.begin(body, headers, path, subset)
+        cycle = self.begin(body, headers, path, subset, arrived)
         cycle.decide()
         return cycle
 
