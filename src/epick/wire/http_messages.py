@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import zlib
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from http import HTTPStatus
@@ -356,3 +357,27 @@ class Reply:
 
 
 Handler = Callable[[Request, Reply], Awaitable[None]]
+
+
+def unread_bytes(transport: asyncio.BaseTransport) -> bool:
+    """Whether the connection's socket holds bytes not read yet."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return False
+    try:
+        # asyncio's TransportSocket has no recv: peek through a duplicate descriptor.
+        with socket.fromfd(sock.fileno(), sock.family, sock.type) as dup:
+            return bool(dup.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return False
+
+
+def raw_error(status: int, message: str, code: str) -> bytes:
+    body = error_body(status, message, code)
+    head = (
+        f"HTTP/1.1 {status} {phrase(status)}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode() + body

@@ -40,7 +40,8 @@ from epick.wire.http_messages import (
     Reply,
     Request,
     error_body,
-    phrase,
+    raw_error,
+    unread_bytes,
 )
 
 # Closing lingeringly after answering a request whose body is still arriving: at most this long, and
@@ -193,7 +194,7 @@ class _Connection(asyncio.Protocol):
         if limit and len(server.connections) >= limit:
             log.warning("refusing a connection: the limit of %d open connections is reached", limit)
             message = f"too many open connections (the limit is {limit}); retry later"
-            self.transport.write(_raw_error(503, message, "too_many_connections"))
+            self.transport.write(raw_error(503, message, "too_many_connections"))
             self.closed = True
             self.transport.close()
             return
@@ -442,7 +443,7 @@ class _Connection(asyncio.Protocol):
 
     def _answer_broken(self) -> None:
         if self.transport is not None and not self.closed:
-            self.transport.write(_raw_error(400, f"malformed HTTP request: {self._broken}", "bad_http"))
+            self.transport.write(raw_error(400, f"malformed HTTP request: {self._broken}", "bad_http"))
         self._close_after_write()
 
     # --- deadlines --------------------------------------------------------------------------------
@@ -465,7 +466,7 @@ class _Connection(asyncio.Protocol):
         self._idle = None
         if self.closed or self.transport is None or self.task is not None:
             return
-        if _unread(self.transport):  # a request waits unread: the loop was late, not the client
+        if unread_bytes(self.transport):  # a request waits unread: the loop was late, not the client
             self._arm_idle()
             return
         self._close_after_write()
@@ -475,7 +476,7 @@ class _Connection(asyncio.Protocol):
         transport = self.transport
         if self.closed or transport is None or not self._in_head:
             return
-        if _unread(transport):
+        if unread_bytes(transport):
             # Bytes wait in the socket that the event loop has not read yet: the server is late (a
             # stalled loop), not the client. Reading them will disarm the deadline; until then, arm it.
             self._head_deadline = asyncio.get_running_loop().call_later(
@@ -486,29 +487,5 @@ class _Connection(asyncio.Protocol):
         timeout = self.server.head_timeout
         log.warning("closing a connection from %s: no complete request head in %gs", peer, timeout)
         if self.task is None:
-            transport.write(_raw_error(408, f"no complete request head within {timeout:g}s", "head_timeout"))
+            transport.write(raw_error(408, f"no complete request head within {timeout:g}s", "head_timeout"))
         self._close_after_write()
-
-
-def _unread(transport: asyncio.BaseTransport) -> bool:
-    """Whether the connection's socket holds bytes not read yet."""
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return False
-    try:
-        # asyncio's TransportSocket has no recv: peek through a duplicate descriptor.
-        with socket.fromfd(sock.fileno(), sock.family, sock.type) as dup:
-            return bool(dup.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
-    except (BlockingIOError, InterruptedError):
-        return False
-    except OSError:
-        return False
-
-
-def _raw_error(status: int, message: str, code: str) -> bytes:
-    body = error_body(status, message, code)
-    head = (
-        f"HTTP/1.1 {status} {phrase(status)}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
-    )
-    return head.encode() + body
