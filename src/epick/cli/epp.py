@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from epick.cli.epp_flags import DEPRECATED_METRIC_FLAGS, FLAGS, HOW
+from epick.cli.epp_flags import DEPRECATED_METRIC_FLAGS, FLAGS
 from epick.cli.goflags import FlagError, GoFlags, HelpRequested, parse_go_flags
 from epick.config import ConfigError
 from epick.datalayer.discovery.static import DiscoveryError
@@ -287,10 +287,6 @@ def _quantity(text: str, flag: str) -> int:
     if match is None:
         raise EppError(f"invalid --{flag}: {text!r} is not a size (write it like 10MiB or 25MB)")
     return math.ceil(float(match.group(1)) * _SUFFIX[match.group(2)])  # as Quantity.Value(): rounded up
-
-
-def how(name: str) -> str:
-    return HOW[name]
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ Nothing here runs without a tracer (`--tracing`): the director holds None then.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -97,13 +97,6 @@ class RequestTracing:
     @staticmethod
     def refused(span: trace.Span, code: str, message: str) -> None:
         span.set_status(Status(StatusCode.ERROR, f"{code}: {message}"))
-
-
-def headers_of(span: trace.Span) -> Mapping[str, Any]:
-    """The trace context of `span` as headers (for tests and front ends)."""
-    carrier: dict[str, str] = {}
-    RequestTracing.inject(span, carrier)
-    return carrier
 
 
 class TracedTimer:

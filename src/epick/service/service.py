@@ -105,6 +105,7 @@ class Service:
         self.metrics.registry.register(KVEventsCollector(self.kv_events))
         self.outliers = EndpointHealth(self.datastore, settings.outliers)
         self.rewrites = RewriteSources(settings.model_rewrites_file, settings.rewrites_pool, settings.seed)
+        self.tracing = tracing_from_environment() if settings.tracing else None  # before the timer
         self.director = Director(
             self._prepare(self.config),
             self.datastore.snapshot,
@@ -116,10 +117,8 @@ class Service:
             rewrites=self.rewrites.current(),
             health=self.outliers,
         )
-        self.tracing = tracing_from_environment() if settings.tracing else None
         if self.tracing is not None:
             self.director.tracing = self.tracing.tracing
-            self.director.config.scheduler.timer = self._timer()
         self.director.subset_filter = settings.subset_filter
         self.director.emit_scores = settings.emit_endpoint_scores
         self.datastore.subscribe(self.director.endpoint_changed)
@@ -210,7 +209,7 @@ class Service:
         return config
 
     def _timer(self) -> EppMetrics | TracedTimer:
-        tracing = getattr(self, "tracing", None)
+        tracing = self.tracing
         return TracedTimer(self.metrics, tracing.tracing) if tracing is not None else self.metrics
 
     # --- reload ----------------------------------------------------------------------------------
