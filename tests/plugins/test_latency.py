@@ -400,6 +400,40 @@ def test_an_slo_config_loads_with_its_default_producers() -> None:
     assert producer.params.streaming_mode and producer.params.context_ttl == 300.0
 
 
+def test_without_lightgbm_the_default_learner_is_analytic_and_gbdt_is_refused(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The image has no LightGBM: an upstream config (no learner named) loads and predicts analytically,
+    saying so at load; a config that asks for gbdt is refused, naming the extra."""
+    from epick.plugins.latency import learners
+
+    producer = next(
+        p
+        for p in load_config_text(SLO_CONFIG, seed=0).plugins.values()
+        if isinstance(p, PredictedLatencyProducer)
+    )
+    assert producer.predictor.learner is gbdt  # LightGBM is installed here
+
+    find_spec = learners.importlib.util.find_spec
+    monkeypatch.setattr(
+        learners.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "lightgbm" else find_spec(name, *a),
+    )
+    with caplog.at_level("WARNING"):
+        config = load_config_text(SLO_CONFIG, seed=0)
+    producer = next(p for p in config.plugins.values() if isinstance(p, PredictedLatencyProducer))
+    assert producer.predictor.learner is None
+    assert "analytic model only: LightGBM is not installed (pip install 'epick[gbdt]')" in caplog.text
+    explicit = SLO_CONFIG.replace(
+        "contextTTL: 300000000000,", "contextTTL: 300000000000, predictor: {learner: gbdt},"
+    )
+    with pytest.raises(
+        ConfigError, match=r"learner gbdt: LightGBM is not installed \(pip install 'epick\[gbdt\]'\)"
+    ):
+        load_config_text(explicit, seed=0)
+
+
 # latency-cost-scorer (epick's own).
 def test_the_cost_scorer_prefers_the_soonest_finish() -> None:
     eps = [make_endpoint(n) for n in "abc"]

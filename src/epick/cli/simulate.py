@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import itertools
 import json
 import math
@@ -264,6 +265,8 @@ def _prepare(args: argparse.Namespace) -> tuple[Workload, list[tuple[str, Policy
         raise UsageError("--restart-downtime needs --restart-every (how often a server restarts)")
     _check_output(args.json, "--json")
     _check_output(args.plot, "--plot", ".png")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plot needs matplotlib, which is not installed: pip install 'epick[plots]'")
     return workload, policies
 
 

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from epick.plugins.duration import parse_duration
+from epick.plugins.latency.learners import GBDT_MISSING, gbdt_available
 from epick.plugins.latency.predictor import AnalyticModel
 from epick.plugins.registry import Parameters
 
@@ -37,11 +38,26 @@ class AnalyticParameters(Parameters):
 
 
 class PredictorParameters(Parameters):
-    learner: Literal["gbdt", "analytic"] = "gbdt"
+    # None: gbdt where LightGBM is installed, else the analytic model (the image has no LightGBM)
+    learner: Literal["gbdt", "analytic"] | None = None
     window: int = Field(default=4000, ge=1)
     min_samples: int = Field(default=200, ge=1)
     retrain_every: int = Field(default=200, ge=1)
     analytic: AnalyticParameters = Field(default_factory=AnalyticParameters)
+
+    @field_validator("learner")
+    @classmethod
+    def _learner_installed(cls, v: str | None) -> str | None:
+        if v == "gbdt" and not gbdt_available():
+            raise ValueError(f"learner gbdt: {GBDT_MISSING}; or set learner: analytic")
+        return v
+
+    @property
+    def learner_name(self) -> str:
+        """The learner that runs: the one named, else gbdt where LightGBM is installed."""
+        if self.learner is not None:
+            return self.learner
+        return "gbdt" if gbdt_available() else "analytic"
 
     @model_validator(mode="after")
     def _window_holds_min_samples(self) -> PredictorParameters:

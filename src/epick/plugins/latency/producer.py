@@ -25,7 +25,8 @@ As upstream's (llm-d/llm-d-router, pkg/epp/framework/plugins/requestcontrol/data
 
 The predictor runs in process (upstream calls a sidecar): analytic until it has responses, then the
 learned model of epick.plugins.latency.learners, refitted as responses arrive. Its settings are epick's
-own parameters: `predictor.learner` ("gbdt", the default, or "analytic"), `window`, `minSamples`,
+own parameters: `predictor.learner` ("gbdt", the default where LightGBM is installed, or "analytic";
+epick's image has no LightGBM, so there the default is "analytic"), `window`, `minSamples`,
 `retrainEvery`, and `analytic` (`stepMs`, `prefillTokensPerSecond`, `ttftPerRunningMs`,
 `tpotPerRunningMs`, `tpotFullKvMs`).
 Accepted and ignored as upstream: `samplingMean`, `maxDecodeTokenSamplesForPrediction`. With
@@ -57,7 +58,7 @@ from epick.framework import (
 from epick.framework.datalayer import data_key
 from epick.framework.metrics import EPICK_PREFIX, MetricSample
 from epick.plugins.latency.accuracy import ACCURACY_COUNTERS, Accuracy, LatencyFamilies
-from epick.plugins.latency.learners import learner_for
+from epick.plugins.latency.learners import GBDT_MISSING, learner_for
 from epick.plugins.latency.parameters import PredictedLatencyParameters
 from epick.plugins.latency.predictions import LatencyPrediction, LatencyPredictions, read_predictions
 from epick.plugins.latency.predictor import Matrix, OnlinePredictor, feature_matrix
@@ -149,7 +150,7 @@ class PredictedLatencyProducer(NamedPlugin):
         self.params = params or PredictedLatencyParameters()
         p = self.params.predictor
         self.predictor = predictor or OnlinePredictor(
-            learner_for(p.learner),
+            learner_for(p.learner_name),
             analytic=p.analytic.model(),
             window=p.window,
             min_samples=p.min_samples,
@@ -402,6 +403,8 @@ def _factory(name: str, params: PredictedLatencyParameters, handle: Handle) -> P
             "%s: useEncoderCacheFeatures has no effect in epick (the predictor has no encoder features)",
             name,
         )
+    if params.predictor.learner is None and params.predictor.learner_name == "analytic":
+        log.warning("%s: the predictor runs its analytic model only: %s", name, GBDT_MISSING)
     prefix = resolve_producer(handle, params.prefix_match_info_producer_name, "prefixMatchInfoProducerName")
     inflight = resolve_inflight(handle, params.in_flight_load_producer_name, "inFlightLoadProducerName")
     return PredictedLatencyProducer(
