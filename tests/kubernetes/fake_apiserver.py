@@ -9,16 +9,25 @@ real API server's watch cache does. `timeoutSeconds` ends a watch (times `timeou
 need not wait whole seconds), after a BOOKMARK when the client allows them. A watch from a version older
 than the log keeps (see `expire_history`) is answered 410 Gone: a Status object with HTTP 410, or with
 `gone_as_event` an ERROR event on a 200 stream, the two ways real servers say it.
+
+As a cluster's API server it can also serve HTTPS (`start(tls=...)`, a certificate from `ServerTls`),
+authenticate bearer tokens (`accept_token`: anything else is 401 Unauthorized) and authorize each
+request against RBAC rules (`grant`, the rules of a Role or ClusterRole: what they do not allow is 403
+Forbidden with the API server's own message), and stop and start again on the same port (`restart`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import datetime
+import ipaddress
 import json
 import re
+import ssl
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -134,6 +143,128 @@ def _parse_field_selector(selector: str) -> Matcher:
     return lambda obj: all(t(obj) for t in tests)
 
 
+# TLS: one self-signed certificate, which is also the CA a client trusts (the kubelet's ca.crt)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTls:
+    """A server certificate for `hosts` (IP addresses or DNS names) and its key, written under `directory`
+    as `ca.crt` (what a pod mounts) and `server.key`."""
+
+    cert: Path
+    key: Path
+
+    @staticmethod
+    def make(directory: Path, hosts: Iterable[str] = ("127.0.0.1",)) -> ServerTls:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        key = ec.generate_private_key(ec.SECP256R1())
+        names: list[x509.GeneralName] = []
+        for host in hosts:
+            try:
+                names.append(x509.IPAddress(ipaddress.ip_address(host)))
+            except ValueError:
+                names.append(x509.DNSName(host))
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver (epick's test double)")])
+        now = datetime.datetime.now(datetime.UTC)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256())
+        )
+        directory.mkdir(parents=True, exist_ok=True)
+        tls = ServerTls(directory / "ca.crt", directory / "server.key")
+        tls.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        tls.key.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+        return tls
+
+    def context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.cert, self.key)
+        return context
+
+
+# RBAC: what a request asks for, and whether a user's rules allow it
+
+
+@dataclass(frozen=True, slots=True)
+class Attributes:
+    """A resource request as the API server's authorizer sees it."""
+
+    verb: str
+    group: str
+    resource: str
+    namespace: str
+    name: str
+
+
+def request_attributes(method: str, path: str, watch: bool) -> Attributes | None:
+    """The RBAC attributes of a request, or None for a non-resource path."""
+    parts = [p for p in path.split("/") if p]
+    if parts[:2] == ["api", "v1"]:
+        group, rest = "", parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 3:
+        group, rest = parts[1], parts[3:]
+    else:
+        return None
+    namespace = ""
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        namespace, rest = rest[1], rest[2:]
+    if not rest:
+        return None
+    name = rest[1] if len(rest) > 1 else ""
+    verb = {
+        "GET": "get" if name else ("watch" if watch else "list"),
+        "POST": "create",
+        "PUT": "update",
+        "PATCH": "patch",
+        "DELETE": "delete" if name else "deletecollection",
+    }[method]
+    return Attributes(verb, group, rest[0], namespace, name)
+
+
+def rule_allows(rule: Mapping[str, Any], a: Attributes) -> bool:
+    """One PolicyRule against a request (as k8s.io/apiserver's RBAC rule matching)."""
+
+    def has(values: Iterable[str], value: str) -> bool:
+        values = list(values)
+        return "*" in values or value in values
+
+    names = rule.get("resourceNames") or []
+    return (
+        has(rule.get("verbs", []), a.verb)
+        and has(rule.get("apiGroups", []), a.group)
+        and has(rule.get("resources", []), a.resource)
+        and (not names or a.name in names)
+    )
+
+
+def forbidden_message(user: str, a: Attributes) -> str:
+    """The API server's words for a request RBAC refused."""
+    what = f"{a.resource}.{a.group}" if a.group else a.resource
+    if a.name:
+        what += f' "{a.name}"'
+    where = f'in the namespace "{a.namespace}"' if a.namespace else "at the cluster scope"
+    return (
+        f'{what} is forbidden: User "{user}" cannot {a.verb} resource "{a.resource}" '
+        f'in API group "{a.group}" {where}'
+    )
+
+
 # the server
 
 
@@ -200,10 +331,39 @@ class FakeApiServer:
         self._watchers: set[_Watcher] = set()
         self._failures: list[int] = []
         self._runner: web.AppRunner | None = None
+        # bearer tokens accepted (token -> user name); empty: any request, token or not, is served
+        self.bearer: dict[str, str] = {}
+        # RBAC: user -> [(namespace or "" for cluster-wide, PolicyRule)]; None: everything is allowed
+        self.rules: dict[str, list[tuple[str, Json]]] | None = None
+        self.refused: list[tuple[int, str]] = []  # (401 or 403, the message) of every refusal
+        self.tokens_seen: list[str] = []  # the bearer token of every request, in order
+        self.tls: ServerTls | None = None
+        self.port = 0
+        self.host = "127.0.0.1"
 
     # lifecycle
 
-    async def start(self) -> FakeApiServer:
+    def accept_token(self, token: str, user: str) -> None:
+        """Serve requests that carry `token` as `user`; once any token is set, others are 401."""
+        self.bearer[token] = user
+
+    def revoke_token(self, token: str) -> None:
+        self.bearer.pop(token, None)
+
+    def grant(self, user: str, rules: Iterable[Mapping[str, Any]], *, namespace: str = "") -> None:
+        """Allow `user` what `rules` (a Role's or ClusterRole's) allow, in `namespace` or everywhere."""
+        if self.rules is None:
+            self.rules = {}
+        self.rules.setdefault(user, []).extend((namespace, dict(r)) for r in rules)
+
+    async def restart(self) -> None:
+        """Go away (every watch and connection ends) and come back on the same address, state kept."""
+        await self.stop()
+        await self.start(tls=self.tls, host=self.host, port=self.port)
+
+    async def start(
+        self, *, tls: ServerTls | None = None, host: str = "127.0.0.1", port: int = 0
+    ) -> FakeApiServer:
         app = web.Application()
         app.router.add_get("/api/v1/namespaces/{ns}/pods", self._pods)
         app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/inferencepools", self._pools)
@@ -219,10 +379,11 @@ class FakeApiServer:
         app.middlewares.append(self._record)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        self.tls, self.host = tls, host
+        site = web.TCPSite(self._runner, host, port, ssl_context=tls.context() if tls else None)
         await site.start()
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
+        self.port = self._runner.addresses[0][1]
+        self.url = f"{'https' if tls else 'http'}://{host}:{self.port}"
         return self
 
     async def stop(self) -> None:
@@ -422,7 +583,8 @@ class FakeApiServer:
         """Forget the event log, as compaction does: a watch from any resourceVersion handed out so far is
         answered 410 Gone. Active watches are ended, so clients come back with the version they hold."""
         self._log.clear()
-        self._min_rv = self._rv + 1
+        self._rv += 1  # a list from now on hands out a version a watch may start from
+        self._min_rv = self._rv
         self.end_watches()
 
     def end_watches(self) -> None:
@@ -575,8 +737,32 @@ class FakeApiServer:
             )
         return web.json_response(self._put(LEASE, ns, name, obj))
 
+    def _refuse(self, request: web.Request) -> web.Response | None:
+        """401 for a request without an accepted token, 403 for one RBAC does not allow."""
+        if not self.bearer:
+            return None
+        header = request.headers.get("Authorization", "")
+        token = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
+        self.tokens_seen.append(token)
+        user = self.bearer.get(token)
+        if user is None:
+            self.refused.append((401, "Unauthorized"))
+            return _error(401, "Unauthorized", "Unauthorized")
+        attributes = request_attributes(request.method, request.path, _is_true(request.query.get("watch")))
+        if self.rules is None or attributes is None:
+            return None
+        for namespace, rule in self.rules.get(user, []):
+            if (not namespace or namespace == attributes.namespace) and rule_allows(rule, attributes):
+                return None
+        message = forbidden_message(user, attributes)
+        self.refused.append((403, message))
+        return _error(403, "Forbidden", message)
+
     @web.middleware
     async def _record(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        refusal = self._refuse(request)
+        if refusal is not None:
+            return refusal
         self.requests.append((request.path, dict(request.query)))
         for part, left in list(self.fail_paths.items()):
             if part in request.path and left > 0:

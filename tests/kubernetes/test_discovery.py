@@ -537,13 +537,14 @@ async def test_bad_kubeconfig_is_an_error(tmp_path: Path) -> None:
 async def test_in_cluster_configuration_when_in_a_pod(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from kubernetes_asyncio.config import incluster_config
+    from epick.datalayer.discovery.kubernetes import client as kubernetes_client
 
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
-    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(tmp_path / "token"))
+    monkeypatch.setattr(kubernetes_client, "SERVICE_ACCOUNT_DIR", str(tmp_path))
+    (tmp_path / "ca.crt").write_text("a CA")
     d = KubernetesDiscovery(Datastore(), "default", selector=VLLM)
-    with pytest.raises(DiscoveryError, match=r"cannot load the in-cluster configuration: .*token"):
+    with pytest.raises(DiscoveryError, match=r"cannot load the in-cluster configuration \(.*\): .*token"):
         await d.start()
 
 

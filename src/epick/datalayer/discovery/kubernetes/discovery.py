@@ -236,7 +236,9 @@ class KubernetesDiscovery:
     def _explained(self, e: BaseException) -> BaseException:
         """A start-up failure as a `DiscoveryError` naming the source and the API server."""
         if isinstance(e, _ApiError):
-            return DiscoveryError(f"{self.source}: the Kubernetes API server at {self._host} said {e}")
+            return DiscoveryError(
+                f"{self.source}: the Kubernetes API server at {self._host} said {_describe(e)}"
+            )
         if isinstance(e, aiohttp.ClientError | OSError | TimeoutError):
             return DiscoveryError(
                 f"{self.source}: cannot reach the Kubernetes API server at {self._host}: {_describe(e)}"
