@@ -4,7 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint format bench demo clean
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= localhost/epick:$(VERSION)
+
+.PHONY: install test lint format bench demo image image-test clean
 
 install: $(STAMP)
 
@@ -43,6 +46,14 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_http_stacks.py --quick
 	$(BIN)/python benchmarks/bench_grpc_servers.py --quick
 	$(BIN)/python benchmarks/bench_predictor.py --quick
+
+# The image (Containerfile) with podman, and build/image/epick-$(VERSION).oci.tar; image/build says how.
+image:
+	image/build $(IMAGE)
+
+# The image run as a cluster and as a standalone service run it (tests/image/test_image.py).
+image-test: $(STAMP) image
+	EPICK_IMAGE=$(IMAGE) $(BIN)/pytest -p no:cacheprovider tests/image
 
 demo: $(STAMP)
 	$(BIN)/epick demo
