@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -65,3 +66,13 @@ async def api(fake: Any) -> AsyncIterator[Any]:
 
     async with client.ApiClient(client.Configuration(host=fake.url)) as api_client:
         yield api_client
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[Any]:
+    """A real redis-server on a free loopback port (tests/redis_server.py), killed at the end."""
+    from tests.redis_server import RedisServer
+
+    server = RedisServer(tmp_path).start()
+    yield server
+    server.stop()

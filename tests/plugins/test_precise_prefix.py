@@ -157,7 +157,6 @@ def test_parameters_as_upstream_spells_them() -> None:
 @pytest.mark.parametrize(
     ("parameters", "message"),
     [
-        ("{indexerConfig: {kvBlockIndexConfig: {redisConfig: {address: 'redis://r:6379'}}}}", "Redis"),
         ("{indexerConfig: {tokenizersPoolConfig: {modelName: m}}}", "configure a token-producer"),
         ("{kvEventsConfig: {podDiscoveryConfig: {socketPort: 70000}}}", "socketPort"),
         ("{indexerConfig: {kvBlockIndexConfig: {costAwareMemoryConfig: {size: lots}}}}", "not a size"),

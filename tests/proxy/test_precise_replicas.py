@@ -8,6 +8,7 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from epick.config import load_config_text
 from epick.datalayer.datastore import EndpointSpec
 from epick.plugins.prefix.precise import PrecisePrefixCacheProducer
+from epick.plugins.prefix.redis_index import SharedBlockIndex
 from epick.proxy.server import ENDPOINT_HEADER, ProxyOptions
 from epick.service import Service, Settings
 from epick.sim.server import SimServer
@@ -175,3 +177,92 @@ async def test_two_replicas_route_a_prompt_to_the_engine_that_holds_it(
     assert served == [pods[-1], pods[-1]]
     # ... is what the engine's own prefix cache reports it found for the first of them.
     assert cached[0] == predicted
+
+
+def shared_config_text(events_base: int, redis_url: str, *, hears_events: bool) -> str:
+    """The precise config with the index on Redis; a replica that `hears_events` not subscribes to no
+    engine at all: what it knows of the engines' caches, it reads from Redis."""
+    events = (
+        f"{{podDiscoveryConfig: {{socketPort: {events_base}}}}}" if hears_events else "{discoverPods: false}"
+    )
+    return config_text(events_base).replace(
+        f"    kvEventsConfig: {{podDiscoveryConfig: {{socketPort: {events_base}}}}}\n",
+        f"    kvEventsConfig: {events}\n"
+        f"    indexerConfig: {{kvBlockIndexConfig: {{redisConfig: {{address: '{redis_url}'}}}}}}\n",
+    )
+
+
+async def test_a_replica_that_hears_no_events_routes_on_what_another_wrote_to_redis(
+    redis_server: Any,
+) -> None:
+    base = free_consecutive_ports(2)
+    ports = sorted(free_consecutive_ports(1) for _ in range(2))
+    sims = [
+        await start_sim(
+            port=port, tokenizer=str(TOKENIZER), kv_events_endpoint=f"tcp://127.0.0.1:{base + i}", seed=30 + i
+        )
+        for i, port in enumerate(ports)
+    ]
+    specs = tuple(EndpointSpec(f"127.0.0.1:{s.port}", "127.0.0.1", s.port, {}, pod_name="sims") for s in sims)
+    services = []
+    try:
+        for seed, hears in ((1, True), (2, False)):
+            settings = Settings(
+                endpoints=specs,
+                proxy=ProxyOptions(host="127.0.0.1", port=0, expose_endpoint=True),
+                metrics_port=None,
+                seed=seed,
+                refresh_metrics_interval=0.02,
+            )
+            config = load_config_text(
+                shared_config_text(base, redis_server.url, hears_events=hears), seed=seed
+            )
+            service = Service(settings, config)
+            await service.start()
+            services.append(service)
+        hearing, deaf = (producer_of(s) for s in services)
+        assert isinstance(deaf.index, SharedBlockIndex)
+        pods = [f"127.0.0.1:{s.port}" for s in sims]
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+
+            async def direct(sim: SimServer, content: str) -> None:
+                body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 1}
+                async with http.post(f"http://127.0.0.1:{sim.port}/v1/chat/completions", json=body) as r:
+                    assert r.status == 200, await r.text()
+
+            for n, sim in enumerate(sims):
+                await until(
+                    lambda pod=pods[n]: hearing.index.blocks_by_pod().get(pod, 0) > 0,
+                    f"the first replica hearing {pods[n]}",
+                    lambda sim=sim, n=n: direct(sim, f"warm-up {n}: " + "tokens " * 40),
+                )
+            await direct(sims[-1], SYSTEM + "First question?")  # behind both routers' backs
+            messages = [{"role": "user", "content": SYSTEM + "Another question?"}]
+            keys = deaf.processor.keys(load(str(TOKENIZER)).encode_chat(messages), MODEL)
+
+            async def in_redis() -> bool:
+                found = await deaf.index.fetch([keys], None)
+                return found is not None and len(found[0]) >= 6
+
+            for _ in range(400):
+                if await in_redis():
+                    break
+                await asyncio.sleep(0.025)
+            else:
+                raise AssertionError("the system prompt's blocks never reached Redis")
+            assert len(deaf.index) == 0  # it heard nothing itself
+            served = []
+            for service in reversed(services):  # the deaf replica first
+                assert service.proxy is not None
+                url = f"http://127.0.0.1:{service.proxy.port}/v1/chat/completions"
+                body = {"model": MODEL, "messages": messages, "max_tokens": 2}
+                async with http.post(url, json=body) as r:
+                    assert r.status == 200, await r.text()
+                    served.append(r.headers[ENDPOINT_HEADER])
+        assert served == [pods[-1], pods[-1]]
+        assert deaf.index.stats.lookups >= 1 and sum(deaf.index.stats.fallbacks.values()) == 0
+    finally:
+        for service in services:
+            await service.stop()
+        for sim in sims:
+            await stop_sim(sim)

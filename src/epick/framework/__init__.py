@@ -10,6 +10,7 @@ from epick.framework.errors import EndpointsFilteredError, NoEndpointsError, Sch
 from epick.framework.interfaces import (
     Admitter,
     BatchingProducer,
+    Closeable,
     DataProducer,
     EndpointRemoved,
     Filter,
@@ -61,6 +62,7 @@ __all__ = [
     "BatchingProducer",
     "ChatMessage",
     "Clock",
+    "Closeable",
     "CycleState",
     "DataProducer",
     "Endpoint",

@@ -133,6 +133,14 @@ class BatchingProducer(Plugin, Protocol):
 
 
 @runtime_checkable
+class Closeable(Plugin, Protocol):
+    """A plugin that holds something open (a connection to a shared store): the service closes it
+    when it stops, or when a reloaded config no longer has it."""
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
 class RequestHeaderProcessor(Plugin, Protocol):
     """Reads a request's headers first, before admission (upstream's `RequestHeaderProcessor`), and
     publishes what it finds in the cycle state for the plugins after it."""

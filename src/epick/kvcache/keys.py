@@ -22,6 +22,7 @@ import sys
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import xxhash
 
@@ -38,6 +39,23 @@ def _le32(tokens: Sequence[int], n: int) -> bytes:
     if sys.byteorder != "little":
         packed.byteswap()
     return packed.tobytes()
+
+
+class BlockKeys(Protocol):
+    """What turns token ids into request keys: epick's `TokenProcessor`, or llm-d's
+    (`epick.kvcache.upstream_keys.UpstreamTokenProcessor`) for an index shared with Go EPPs."""
+
+    @property
+    def block_size(self) -> int: ...
+
+    def keys(
+        self,
+        token_ids: Sequence[int],
+        model: str,
+        *,
+        parent: int | None = None,
+        extra: Sequence[Sequence[str] | None] | None = None,
+    ) -> list[int]: ...
 
 
 @dataclass(frozen=True, slots=True)

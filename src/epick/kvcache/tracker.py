@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from epick.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from epick.kvcache.index import BlockIndex
-from epick.kvcache.keys import TokenProcessor
+from epick.kvcache.keys import BlockKeys
 
 MAX_TAILS = 65_536  # engine blocks remembered as ending inside an index block, least recent dropped
 
@@ -43,7 +43,7 @@ class TrackerStats:
 
 
 class EventTracker:
-    def __init__(self, index: BlockIndex, processor: TokenProcessor) -> None:
+    def __init__(self, index: BlockIndex, processor: BlockKeys) -> None:
         self.index = index
         self.processor = processor
         self.stats = TrackerStats()

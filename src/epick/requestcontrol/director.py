@@ -15,7 +15,7 @@ import enum
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from epick.config import LoadedConfig
@@ -25,6 +25,7 @@ from epick.datalayer.rewrites import ModelRewrites
 from epick.flowcontrol import FlowObserver
 from epick.framework import (
     BadRequestError,
+    Closeable,
     EndpointRemoved,
     InferenceRequest,
     Parser,
@@ -305,8 +306,19 @@ class Director:
         return self.admission is not None or bool(hooks.remote_tokenizers or hooks.batching)
 
     async def close(self) -> None:
-        """Release what deciding holds open (the tokenizer's HTTP client)."""
+        """Release what deciding holds open (the tokenizer's HTTP client, the plugins' connections)."""
         await self.tokenization.close()
+        await close_plugins(self.config.plugins.values())
+
+
+async def close_plugins(plugins: Iterable[object]) -> None:
+    """Close the plugins that hold something open; one that fails to close is logged, not raised."""
+    for plugin in plugins:
+        if isinstance(plugin, Closeable):
+            try:
+                await plugin.aclose()
+            except Exception:
+                log.exception("closing %s failed", plugin.typed_name)
 
 
 def _check_text(value: object) -> None:

@@ -39,7 +39,7 @@ from epick.extproc.health import HealthService
 from epick.extproc.server import ExtProcServer
 from epick.framework.parsing import protocol_mismatch
 from epick.proxy.server import Proxy
-from epick.requestcontrol.director import Director
+from epick.requestcontrol.director import Director, close_plugins
 from epick.requestcontrol.metrics import DataLayerErrors, EppMetrics
 from epick.requestcontrol.tracing import TracedTimer
 from epick.service.leader import LeaderElector
@@ -227,7 +227,12 @@ class Service:
         except RewriteError as e:
             log.error("reload refused, keeping the running config and rewrites: %s", e)
             return False
+        running = self.director.config
         self.director.replace_config(self._prepare(fresh))
+        kept = {id(p) for p in fresh.plugins.values()}
+        dropped = [p for p in running.plugins.values() if id(p) not in kept]
+        if dropped:
+            self._in_background(close_plugins(dropped), "closing the plugins a reload dropped")
         self._check_protocol()
         self.scrapers.set_plan(fresh.data_layer)
         self._reload_discovery(fresh)

@@ -28,21 +28,39 @@ unless the events have confirmed them by then.
 Deviations, on purpose: epick subscribes to every endpoint's publisher with `discoverPods`, whether
 or not the config wires this plugin to an `endpoint-notification-source` (epick's data layer always
 tracks endpoints); `costAwareMemoryConfig.size` bounds the in-memory index by its estimated bytes
-(about 200 per block key) instead of Ristretto's cost model; `redisConfig` (a shared index) is not
-supported and is an error; `hashAlgorithm` is accepted, and keys are epick's own (epick.kvcache.keys).
+(about 200 per block key) instead of Ristretto's cost model; with an in-memory index, `hashAlgorithm`
+is accepted and the keys are epick's own (epick.kvcache.keys), five times cheaper to compute.
+
+A shared index: `kvBlockIndexConfig.redisConfig` (or `valkeyConfig`, llm-d-kv-cache v0.9.0's name for
+the same) keeps the index in Redis or Valkey, in llm-d's layout and with llm-d's keys (`hashAlgorithm`,
+default cbor-fnv: epick.kvcache.upstream_keys), so replicas, epick's or the Go EPP's, share what each
+learns (epick.plugins.prefix.redis_index). As upstream, `costAwareMemoryConfig` wins over it and it wins over
+`inMemoryConfig`. Each request's keys are read in one round trip before it is scheduled, waiting at
+most `redisConfig.lookupTimeout` (epick's own, default 50ms), else decided on this replica's own
+index, which is always kept: Redis down, slow or back is a fallback counted in
+`epick_shared_index_fallbacks_total`, never a failed request. Unlike upstream, an unreachable
+Redis at start-up is not fatal.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator
 
-from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads, SchedulingResult
+from epick.framework import (
+    CycleState,
+    DataProducer,
+    Endpoint,
+    InferenceRequest,
+    NamedPlugin,
+    Reads,
+    SchedulingResult,
+)
 from epick.framework.metrics import EPICK_PREFIX, LLMD_SUBSYSTEM, MetricSample
 from epick.framework.request import CHARS_PER_TOKEN
 from epick.kvcache import (
@@ -53,8 +71,17 @@ from epick.kvcache import (
     KVEventsSettings,
     TokenProcessor,
 )
+from epick.kvcache.index import Entry, longest_prefix_scores
+from epick.kvcache.keys import BlockKeys
+from epick.kvcache.upstream_keys import UpstreamTokenProcessor
 from epick.plugins.duration import Duration
 from epick.plugins.prefix.producer import match_key, recording_targets
+from epick.plugins.prefix.redis_index import (
+    DEFAULT_ADDRESS,
+    DEFAULT_LOOKUP_TIMEOUT,
+    SharedBlockIndex,
+    normalize_address,
+)
 from epick.plugins.prefix.scorer import PrefixMatch
 from epick.plugins.registry import Handle, ParameterError, Parameters, PluginSpec
 
@@ -106,10 +133,38 @@ class CostAwareParameters(Parameters):
         return v
 
 
+class RedisParameters(Parameters):
+    """`redisConfig` / `valkeyConfig`: llm-d-kv-cache v0.9.0's fields (llm-d-router ebab687 keeps only
+    `address`), and epick's `lookupTimeout`."""
+
+    address: str = DEFAULT_ADDRESS
+    backend_type: Literal["", "redis", "valkey"] = ""
+    enable_rdma: bool = False  # upstream's placeholder: TCP is used
+    lookup_timeout: Duration = Field(default=DEFAULT_LOOKUP_TIMEOUT, gt=0)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        from redis.asyncio.connection import parse_url
+
+        scheme = v.strip().partition("://")[0] if "://" in v else ""
+        if scheme and scheme not in ("redis", "rediss", "unix", "valkey", "valkeys"):
+            raise ValueError(
+                f"{v!r}: the scheme must be redis://, rediss:// (TLS), unix://, valkey:// or valkeys://"
+            )
+        url = normalize_address(v)
+        try:
+            parse_url(url)
+        except ValueError as e:
+            raise ValueError(f"{v!r} is not a Redis address (redis://, rediss:// or unix://): {e}") from None
+        return v
+
+
 class KVBlockIndexParameters(Parameters):
     in_memory_config: InMemoryParameters | None = None
     cost_aware_memory_config: CostAwareParameters | None = None
-    redis_config: dict[str, Any] | None = None
+    redis_config: RedisParameters | None = None
+    valkey_config: RedisParameters | None = None
     enable_metrics: bool = False
     metrics_logging_interval: int = 0  # nanoseconds, as upstream's JSON spells a Go duration
     max_prefix_blocks_to_match: int = Field(default=0, ge=0)  # older llm-d-kv-cache: a cap on blocks
@@ -159,14 +214,13 @@ class PreciseParameters(Parameters):
             return older
         return self.token_processor_config
 
-    @model_validator(mode="after")
-    def _no_redis(self) -> PreciseParameters:
-        if self.indexer_config.kv_block_index_config.redis_config is not None:
-            raise ValueError(
-                "indexerConfig.kvBlockIndexConfig.redisConfig: epick keeps the index in memory; a shared "
-                "Redis or Valkey index is not supported (remove redisConfig)"
-            )
-        return self
+    def shared_index(self) -> RedisParameters | None:
+        """The Redis or Valkey the index is shared through (None: in memory), chosen as upstream's
+        NewIndex chooses: cost-aware memory, then valkeyConfig, then redisConfig."""
+        config = self.indexer_config.kv_block_index_config
+        if config.cost_aware_memory_config is not None:
+            return None
+        return config.valkey_config or config.redis_config
 
     def index_size(self) -> tuple[int, int]:
         """(keys, entries per key) the index may hold."""
@@ -216,10 +270,17 @@ class PrecisePrefixCacheProducer(NamedPlugin):
         self.params = params = params or PreciseParameters()
         processor = params.processor()
         self.block_size = processor.effective_block_size()
-        self.processor = TokenProcessor(self.block_size, processor.hash_seed)
         self.max_blocks = params.indexer_config.kv_block_index_config.max_prefix_blocks_to_match
         size, per_key = params.index_size()
-        self.index = BlockIndex(size, per_key)
+        shared = params.shared_index()
+        self.processor: BlockKeys
+        if shared is None:
+            self.processor = TokenProcessor(self.block_size, processor.hash_seed)
+            self.index = BlockIndex(size, per_key)
+        else:  # llm-d's keys, so that every replica sharing the index, Go or Python, meets on them
+            algorithm = processor.hash_algorithm or "cbor-fnv"
+            self.processor = UpstreamTokenProcessor(self.block_size, processor.hash_seed, algorithm)
+            self.index = SharedBlockIndex(shared.address, size, per_key, lookup_timeout=shared.lookup_timeout)
         self._tracker = EventTracker(self.index, self.processor)
         self._settings = params.settings()
         self.weights = params.weights()
@@ -231,10 +292,13 @@ class PrecisePrefixCacheProducer(NamedPlugin):
         self.lookups = 0  # lookups made (upstream's kv_cache_index_lookup_requests_total)
         self.lookup_hits = 0  # blocks of the best candidate's run, summed over lookups
         self._speculative: deque[tuple[float, tuple[int, ...], str]] = deque()
+        # With a shared index: each request's keys and what the index held, read before its cycle
+        self._fetched: OrderedDict[int, tuple[list[list[int]], list[list[tuple[Entry, ...]]]]] = OrderedDict()
 
     # ExportsMetrics: llm-d's KV-block index metrics (llm-d/llm-d-router pkg/kvcache/metrics), when
     # `kvBlockIndexConfig.enableMetrics` is on; and the index's size in keys.
     def metric_samples(self) -> Iterator[MetricSample]:
+        yield from self.shared_index_samples()
         if not self.enable_metrics:
             return
         for name, doc, value in (
@@ -253,6 +317,36 @@ class PrecisePrefixCacheProducer(NamedPlugin):
         yield MetricSample(
             f"{EPICK_PREFIX}_kv_cache_index_keys", "Block keys in the index.", "gauge", float(len(self.index))
         )
+
+    def shared_index_samples(self) -> Iterator[MetricSample]:
+        """With a shared index: its lookups, the decisions made on the local index instead, and the
+        outages (whatever `enableMetrics` says: these are about the service, not the index)."""
+        index = self.index
+        if not isinstance(index, SharedBlockIndex):
+            return
+        stats = index.stats
+        yield MetricSample(
+            f"{EPICK_PREFIX}_shared_index_lookups", "Lookups the shared KV-block index answered.", "counter",
+            float(stats.lookups),
+        )  # fmt: skip
+        for reason, count in sorted(stats.fallbacks.items()):
+            yield MetricSample(
+                f"{EPICK_PREFIX}_shared_index_fallbacks",
+                "Decisions made on this replica's own KV-block index because the shared one was down, "
+                "slow (past lookupTimeout) or failed.",
+                "counter",
+                float(count),
+                labels=(("reason", reason),),
+            )
+        yield MetricSample(
+            f"{EPICK_PREFIX}_shared_index_up", "Whether the shared KV-block index answers (1) or not (0).",
+            "gauge", 0.0 if index.down else 1.0,
+        )  # fmt: skip
+        yield MetricSample(
+            f"{EPICK_PREFIX}_shared_index_writes_dropped",
+            "Index changes not sent while the shared index was down (written again when it is back).",
+            "counter", float(stats.writes_dropped),
+        )  # fmt: skip
 
     # KVEventSink: what the data layer subscribes to and feeds.
     @property
@@ -289,14 +383,20 @@ class PrecisePrefixCacheProducer(NamedPlugin):
     ) -> None:
         if self._speculative:
             self._expire(self.clock())
-        per_prompt = [k for k in self.block_keys(request) if k]
+        fetched = self._fetched.pop(request.key, None)
+        per_prompt = fetched[0] if fetched is not None else [k for k in self.block_keys(request) if k]
         if not per_prompt:
             return  # upstream: no tokens, or fewer than a block: no match written
         ids = {endpoint_id(ep): ep.name for ep in endpoints}
         weighted: dict[str, float] = {}
         runs: dict[str, int] = {}
-        for keys in per_prompt:
-            scores, lengths = self.index.longest_prefix(keys, ids.keys(), self.weights)
+        for i, keys in enumerate(per_prompt):
+            if fetched is not None:  # what the shared index held, read before this cycle
+                scores, lengths = longest_prefix_scores(
+                    [tuple(e for e in held if e[0] in ids) for held in fetched[1][i]], self.weights
+                )
+            else:
+                scores, lengths = self.index.longest_prefix(keys, ids.keys(), self.weights)
             self.lookups += 1
             self.lookup_hits += max(lengths.values(), default=0)
             for pod, s in scores.items():
@@ -310,8 +410,11 @@ class PrecisePrefixCacheProducer(NamedPlugin):
             pod = next((pod for pod, name in ids.items() if name == endpoint), None)
             if pod is None:
                 return counts
-            for keys in per_prompt:
-                for tier, n in self.index.tier_runs(keys, pod).items():
+            for i, keys in enumerate(per_prompt):
+                found = fetched[1][i] if fetched is not None else None
+                for tier, n in (
+                    _tier_runs(found, pod) if found is not None else self.index.tier_runs(keys, pod)
+                ).items():
                     counts[tier] = counts.get(tier, 0) + n
             return counts
 
@@ -350,6 +453,67 @@ class PrecisePrefixCacheProducer(NamedPlugin):
                 self.index.remove(key, entry)
 
 
+def _tier_runs(found: Sequence[tuple[Entry, ...]], pod: str) -> dict[str, int]:
+    """`BlockIndex.tier_runs` on entries read from the shared index."""
+    counts: dict[str, int] = {}
+    alive: set[str] | None = None
+    for held in found:
+        here = {tier for holder, tier in held if holder == pod}
+        alive = here if alive is None else alive & here
+        if not alive:
+            break
+        for tier in alive:
+            counts[tier] = counts.get(tier, 0) + 1
+    return counts
+
+
+FETCHED_CAP = 4096  # requests read ahead and not yet scheduled (a refused one is never popped)
+
+
+class SharedPrecisePrefixCacheProducer(PrecisePrefixCacheProducer):
+    """`precise-prefix-cache-producer` on a Redis or Valkey index: before a request is scheduled (the
+    front end awaits `collect`, as a `BatchingProducer`'s), its tokens (from the config's token
+    producer when the request has none yet), its keys, and what the shared index holds for them, in
+    one round trip; `produce` then decides on that."""
+
+    index: SharedBlockIndex
+    tokenizer: DataProducer | None = None
+
+    async def collect(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
+        if getattr(self, "delegating", False):
+            return
+        if request.body.tokenized is None and self.tokenizer is not None:
+            try:
+                self.tokenizer.produce(request, CycleState(), endpoints)
+            except Exception:  # the token producer fails again in its own phase, and says why there
+                return
+        per_prompt = [k for k in self.block_keys(request) if k]
+        if not per_prompt:
+            return
+        found = await self.index.fetch(per_prompt, {endpoint_id(ep) for ep in endpoints})
+        if found is None:
+            return  # counted as a fallback: produce reads the local index
+        fetched = self._fetched
+        fetched[request.key] = (per_prompt, found)
+        while len(fetched) > FETCHED_CAP:
+            fetched.popitem(last=False)
+
+    async def aclose(self) -> None:
+        await self.index.aclose()
+
+
+def token_source(handle: Handle) -> DataProducer | None:
+    """The config's token producer (by its default name), for a plugin that needs tokens early."""
+    for name in (TOKENS_TYPE, "tokenizer"):
+        try:
+            plugin = handle.plugin(name)
+        except LookupError:
+            continue
+        if isinstance(plugin, DataProducer):
+            return plugin
+    return None
+
+
 def _factory(name: str, params: PreciseParameters, handle: Handle) -> PrecisePrefixCacheProducer:
     if params.indexer_config.tokenizers_pool_config is not None:
         raise ParameterError(
@@ -357,7 +521,11 @@ def _factory(name: str, params: PreciseParameters, handle: Handle) -> PrecisePre
             "tokenizersPoolConfig is not supported; configure a token-producer plugin instead",
             "add a token-producer plugin (its tokens are shared by every plugin that reads them)",
         )
-    return PrecisePrefixCacheProducer(name, params, clock=handle.clock)
+    if params.shared_index() is None:
+        return PrecisePrefixCacheProducer(name, params, clock=handle.clock)
+    plugin = SharedPrecisePrefixCacheProducer(name, params, clock=handle.clock)
+    plugin.tokenizer = token_source(handle)
+    return plugin
 
 
 def _requires(params: PreciseParameters, api_version: str = "") -> tuple[str, ...]:

@@ -20,7 +20,9 @@ from epick.plugins.prefix.precise import (
     TOKENS_TYPE,
     PreciseParameters,
     PrecisePrefixCacheProducer,
+    SharedPrecisePrefixCacheProducer,
     speculative_state,
+    token_source,
 )
 from epick.plugins.prefix.precise import TYPE as PRODUCER_TYPE
 from epick.plugins.prefix.producer import match_key
@@ -68,6 +70,10 @@ class PrecisePrefixCacheScorer(PrecisePrefixCacheProducer):
         return [min(1.0, match.matched.get(ep.name, 0) / total) for ep in endpoints]
 
 
+class SharedPrecisePrefixCacheScorer(PrecisePrefixCacheScorer, SharedPrecisePrefixCacheProducer):
+    """`precise-prefix-cache-scorer` keeping its own index, on Redis or Valkey."""
+
+
 def _existing_producer(handle: Handle) -> str | None:
     try:
         plugin: Plugin = handle.plugin(PRODUCER_TYPE)
@@ -88,9 +94,14 @@ def _factory(name: str, params: PreciseParameters, handle: Handle) -> PrecisePre
         tokenizer = TokenProducer(
             f"{name}-tokenizer", backend="local", tokenizer_source=model, model_name=model
         )
-    return PrecisePrefixCacheScorer(
-        name, params, producer=_existing_producer(handle), tokenizer=tokenizer, clock=handle.clock
-    )
+    producer = _existing_producer(handle)
+    if params.shared_index() is None or producer is not None:
+        return PrecisePrefixCacheScorer(
+            name, params, producer=producer, tokenizer=tokenizer, clock=handle.clock
+        )
+    plugin = SharedPrecisePrefixCacheScorer(name, params, tokenizer=tokenizer, clock=handle.clock)
+    plugin.tokenizer = tokenizer or token_source(handle)
+    return plugin
 
 
 def _requires(params: PreciseParameters, api_version: str = "") -> tuple[str, ...]:
