@@ -1,5 +1,6 @@
 """The precise prefix index: events ingested per second per core, one scheduling decision with the
-precise producer at 64 endpoints and an 8k-token prompt (tokenization timed apart), and the index's
+precise producer at 64 endpoints and an 8k-token prompt (tokenization timed apart), the same decision
+on an index shared through Redis (a redis-server on loopback, when one is installed), and the index's
 memory per million blocks.
 
 Baselines, in the same process: ingesting is compared with merely unpacking the same msgpack
@@ -11,11 +12,17 @@ tokenization, is a p50 of 0.5 ms. Run: `make bench` (or with --quick).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import random
+import shutil
+import socket
+import subprocess
 import time
 import tracemalloc
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import msgpack
 from rich.console import Console
@@ -32,10 +39,12 @@ from epick.kvcache import (
     decode_batch,
     encode_batch,
 )
-from epick.plugins.prefix.precise import PrecisePrefixCacheProducer
+from epick.kvcache.upstream_keys import UpstreamTokenProcessor
+from epick.plugins.prefix.precise import PrecisePrefixCacheProducer, SharedPrecisePrefixCacheProducer
 from epick.requestcontrol.path import RequestPath
 from epick.tokenization import load
 
+T = TypeVar("T")
 TOKENIZER = Path(__file__).resolve().parents[1] / "tests" / "data" / "tokenizer"
 HEADER = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
 PRECISE = (
@@ -139,6 +148,87 @@ def decisions(config_text: str, n: int, prompt: tuple[int, ...], pods: list[Endp
     return percentiles(samples)
 
 
+def shared(text: str, url: str) -> str:
+    """`text` with its precise producer's index on the Redis at `url`."""
+    old = "parameters: {tokenProcessorConfig: {blockSize: 64}}"
+    index = f"indexerConfig: {{kvBlockIndexConfig: {{redisConfig: {{address: '{url}'}}}}}}"
+    new = f"parameters: {{tokenProcessorConfig: {{blockSize: 64}}, {index}}}"
+    assert old in text
+    return text.replace(old, new)
+
+
+async def shared_decisions(
+    url: str, n: int, prompt: tuple[int, ...], pods: list[Endpoint]
+) -> tuple[float, float]:
+    """As `decisions`, on the shared index: each decision reads the prompt's keys from Redis first
+    (the one round trip the front end awaits), then decides."""
+    config = load_config_text(shared(PRECISE, url), seed=0)
+    producer = config.plugins["precise-prefix-cache-producer"]
+    assert isinstance(producer, SharedPrecisePrefixCacheProducer)
+    rng = random.Random(3)
+    keys = producer.processor.keys(prompt, "m")
+    for i, ep in enumerate(pods):
+        held = len(keys) if i % 16 == 0 else rng.randrange(len(keys))
+        producer.index.add(keys[:held], (f"{ep.address}:{ep.port}", "gpu"))
+        producer.index.add([rng.getrandbits(64) for _ in range(2000)], (f"{ep.address}:{ep.port}", "gpu"))
+    while producer.index._ops or (producer.index._writer is not None and not producer.index._writer.done()):
+        await asyncio.sleep(0.01)
+    path = RequestPath(config)
+    samples = []
+    for i in range(n):
+        request = InferenceRequest("m", RequestBody.completion("x"), f"r{i}")
+        request.body.set_tokenized(TokenizedPrompt((prompt,)))
+        start = time.perf_counter()
+        await producer.collect(request, pods)
+        path.decide(request, pods)
+        samples.append(time.perf_counter() - start)
+    assert sum(producer.index.stats.fallbacks.values()) == 0, producer.index.stats
+    await producer.aclose()
+    return percentiles(samples)
+
+
+def with_redis(run: Callable[[str], Awaitable[T]]) -> T | None:
+    """`run(url)` against a redis-server started on a free loopback port (None when there is none)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        return None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        for _ in range(500):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+                break
+            except OSError:
+                time.sleep(0.01)
+        return asyncio.run(run(f"redis://127.0.0.1:{port}/0"))
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def key_cost(prompt: tuple[int, ...]) -> list[tuple[str, float]]:
+    """Milliseconds to compute the prompt's block keys: epick's own, and llm-d's two chains."""
+    out = []
+    for name, processor in (
+        ("epick's own (in-memory index)", TokenProcessor(64, "")),
+        ("llm-d cbor-fnv (shared index, upstream's default)", UpstreamTokenProcessor(64, "", "cbor-fnv")),
+        ("llm-d xxh64 (shared index)", UpstreamTokenProcessor(64, "", "xxh64")),
+    ):
+        samples = []
+        for _ in range(20):
+            start = time.perf_counter()
+            processor.keys(prompt, "m")
+            samples.append(time.perf_counter() - start)
+        out.append((name, percentiles(samples)[0] * 1e3))
+    return out
+
+
 def memory_per_million(blocks: int) -> float:
     gc.collect()
     tracemalloc.start()
@@ -198,6 +288,22 @@ def main() -> None:
         "",
         "",
     )
+    console.print(table)
+
+    found = with_redis(lambda url: shared_decisions(url, runs, prompt, pods))
+    table = Table(title="the same decision on an index shared through Redis (loopback), keys read first (ms)")
+    for column in ("index", "p50", "p99", "vs in-memory (p50)"):
+        table.add_column(column, justify="right" if column != "index" else "left")
+    table.add_row("in memory (baseline, above)", f"{p50 * 1e3:.3f}", f"{p99 * 1e3:.3f}", "1×")
+    if found is None:
+        table.add_row("Redis: skipped, no redis-server installed", "", "", "")
+    else:
+        s50, s99 = found
+        table.add_row(
+            "Redis: one pipelined read + decide", f"{s50 * 1e3:.3f}", f"{s99 * 1e3:.3f}", f"{s50 / p50:.1f}×"
+        )
+    for name, ms in key_cost(prompt):
+        table.add_row(f"block keys of the prompt: {name}", f"{ms:.3f}", "", "")
     console.print(table)
 
     per_million = memory_per_million(blocks)
