@@ -192,6 +192,15 @@ def shared_config_text(events_base: int, redis_url: str, *, hears_events: bool) 
     )
 
 
+async def through(http: aiohttp.ClientSession, service: Service, messages: list[dict[str, str]]) -> str:
+    """One chat through `service`'s proxy: the endpoint that served it."""
+    assert service.proxy is not None
+    url = f"http://127.0.0.1:{service.proxy.port}/v1/chat/completions"
+    async with http.post(url, json={"model": MODEL, "messages": messages, "max_tokens": 2}) as r:
+        assert r.status == 200, await r.text()
+        return r.headers[ENDPOINT_HEADER]
+
+
 async def test_a_replica_that_hears_no_events_routes_on_what_another_wrote_to_redis(
     redis_server: Any,
 ) -> None:
@@ -251,16 +260,28 @@ async def test_a_replica_that_hears_no_events_routes_on_what_another_wrote_to_re
             else:
                 raise AssertionError("the system prompt's blocks never reached Redis")
             assert len(deaf.index) == 0  # it heard nothing itself
-            served = []
-            for service in reversed(services):  # the deaf replica first
-                assert service.proxy is not None
-                url = f"http://127.0.0.1:{service.proxy.port}/v1/chat/completions"
-                body = {"model": MODEL, "messages": messages, "max_tokens": 2}
-                async with http.post(url, json=body) as r:
-                    assert r.status == 200, await r.text()
-                    served.append(r.headers[ENDPOINT_HEADER])
-        assert served == [pods[-1], pods[-1]]
-        assert deaf.index.stats.lookups >= 1 and sum(deaf.index.stats.fallbacks.values()) == 0
+            served = [await through(http, service, messages) for service in reversed(services)]  # deaf first
+            assert served == [pods[-1], pods[-1]]
+            assert deaf.index.stats.lookups >= 1 and sum(deaf.index.stats.fallbacks.values()) == 0
+
+            # Redis killed mid-run (an empty one comes back): every request is still served, on each
+            # replica's own index meanwhile, and once Redis is back the replica that hears the events
+            # writes its index again, so the other routes on it as before.
+            redis_server.stop()
+            for i in range(6):
+                await through(http, services[i % 2], messages)
+            assert deaf.index.down and sum(deaf.index.stats.fallbacks.values()) >= 3
+            redis_server.start()
+            await until(
+                lambda: not hearing.index.down and not deaf.index.down, "both replicas finding Redis back"
+            )
+            for _ in range(400):
+                if await in_redis():
+                    break
+                await asyncio.sleep(0.025)
+            else:
+                raise AssertionError("the hearing replica never wrote its index again")
+            assert await through(http, services[1], messages) == pods[-1]
     finally:
         for service in services:
             await service.stop()
