@@ -21,3 +21,10 @@ def test_both_can_be_turned_off() -> None:
     o = options("--no-usage-metrics", "--outlier-consecutive-5xx", "0")
     assert o.usage_metrics is False
     assert not o.outliers.counts_statuses
+
+
+def test_shared_state_is_a_redis_url_and_each_settings_names_its_replica_group() -> None:
+    assert options().shared_state is None
+    o = options("--shared-state", "rediss://user:pw@redis:6380/2")
+    assert o.shared_state == "rediss://user:pw@redis:6380/2"
+    assert o.replica_id and o.replica_id != options().replica_id  # a pod's workers share the one pickled

@@ -80,3 +80,11 @@ def test_leader_election_runs_one_worker() -> None:
     assert settings("--pool-name=p", "--ha-enable-leader-election").workers == 1
     with pytest.raises(EppError, match="runs in one worker process"):
         settings("--pool-name=p", "--ha-enable-leader-election", "--workers=2")
+
+
+def test_shared_state_is_epicks_own_flag() -> None:
+    assert settings("--pool-name=p").shared_state is None
+    assert (
+        settings("--pool-name=p", "--shared-state=redis://redis:6379/1").shared_state
+        == "redis://redis:6379/1"
+    )

@@ -114,6 +114,7 @@ async def test_the_drain_timeout_bounds_how_long_stop_waits(make_app: MakeApp) -
         ({"workers": 0}, "workers must be at least 1"),
         ({"refresh_metrics_interval": 0.0}, "refresh interval must be positive"),
         ({"drain_timeout": -1.0}, "drain timeout cannot be negative"),
+        ({"shared_state": "http://redis:6379"}, "give a redis://, rediss:// \\(TLS\\)"),
         ({"workers": 2, "proxy": None}, "need the proxy or ext_proc"),
         ({"workers": 2, "extproc": ExtProcOptions(port=0)}, "give fixed ports"),
         ({"kubernetes": KubernetesSettings("ns")}, "an InferencePool name or a label selector"),

@@ -191,6 +191,7 @@ def settings_from_flags(
             flags.integer("workers"), leader_election=flags.boolean("ha-enable-leader-election")
         ),
         drain_timeout=flags.number("drain-timeout"),
+        shared_state=flags.text("shared-state") or None,
         log_level=logging.getLevelName(logging.getLogger().level).lower(),
         log_format=log_format,
         leader_election=_lease(flags, namespace, environ)

@@ -152,6 +152,13 @@ EPICK_FLAGS: tuple[FlagSpec, ...] = (
         "epick: how long a leader tries to renew before it stops leading.",
     ),
     FlagSpec("lease-retry-period", "duration", 2 * S, "epick: how often the Lease is renewed or tried."),
+    FlagSpec(
+        "shared-state",
+        "string",
+        "",
+        "epick: a redis:// (rediss:// with TLS) URL through which replicas share the approximate prefix "
+        "index, the requests in flight and the LRU order (empty: each replica learns alone).",
+    ),
 )
 
 FLAGS = UPSTREAM_FLAGS + EPICK_FLAGS
@@ -218,6 +225,7 @@ HOW: dict[str, str] = {
     "lease-duration": "epick's own (upstream: controller-runtime's 15s, not settable)",
     "lease-renew-deadline": "epick's own (upstream: controller-runtime's 10s, not settable)",
     "lease-retry-period": "epick's own (upstream: controller-runtime's 2s, not settable)",
+    "shared-state": "epick's own: active-active replicas sharing their state through Redis (docs/deploy.md)",
 }
 
 

@@ -182,6 +182,13 @@ def _service_flags(p: argparse.ArgumentParser) -> None:
         "state per process (flow control, plugins that do not share) or the gRPC ports are 0",
     )
     p.add_argument(
+        "--shared-state",
+        metavar="URL",
+        help="a Redis or Valkey URL (redis://, rediss:// with TLS, user and password in it) through which "
+        "replicas on other hosts share the approximate prefix index, the requests in flight and the LRU "
+        "order (epick.service.shared_state)",
+    )
+    p.add_argument(
         "--drain-timeout",
         default="10s",
         help="on SIGTERM: how long requests in flight may take to finish before connections close",
@@ -294,6 +301,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
             ),
             usage_metrics=args.usage_metrics,
             workers=args.workers,
+            shared_state=args.shared_state,
             drain_timeout=parse_duration(args.drain_timeout),
             log_level=args.log_level,
         )

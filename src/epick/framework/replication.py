@@ -7,6 +7,11 @@ few hundred microseconds an update takes to travel. A worker that starts (or res
 `snapshot` of a running one. Updates and snapshots are plain data (lists, strings, integers): they
 cross processes.
 
+A plugin whose updates are each worker's own absolute value for one key (the update's first item:
+an endpoint), rather than events, says so with a class attribute `replicates_state = True` (the
+requests in flight): across hosts (`--shared-state`) such values are rewritten periodically rather
+than sent once, so a lost one is repaired by the next.
+
 Workers are told apart by their index (0 .. N-1; a restarted worker keeps its index). State that
 lives only as long as the worker that recorded it (its requests in flight) is kept per worker and
 dropped at `worker_left`; state that outlives it (the blocks its endpoints cached) is not.

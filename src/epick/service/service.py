@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import socket
 from collections.abc import Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -38,16 +38,22 @@ from epick.datalayer.scraper import ScraperPool
 from epick.extproc.health import HealthService
 from epick.extproc.server import ExtProcServer
 from epick.framework.parsing import protocol_mismatch
+from epick.plugins.prefix.redis_index import normalize_address
 from epick.proxy.server import Proxy
 from epick.requestcontrol.director import Director, close_plugins
 from epick.requestcontrol.metrics import DataLayerErrors, EppMetrics
+from epick.requestcontrol.plugin_metrics import PluginMetrics
 from epick.requestcontrol.tracing import TracedTimer
 from epick.service.leader import LeaderElector
 from epick.service.metrics_server import MetricsAuth, MetricsServer, metrics_tls
 from epick.service.profiling import profiling_routes
 from epick.service.rewrites import RewriteSources
 from epick.service.settings import Settings
+from epick.service.shared_state import SharedState, scope_of
 from epick.service.tracing import tracing_from_environment
+
+if TYPE_CHECKING:
+    from epick.service.workers.link import WorkerLink
 
 __all__ = ["Service"]
 
@@ -147,6 +153,14 @@ class Service:
             else None
         )
         self.elector: LeaderElector | None = None
+        # `--shared-state`: started with the service; under --workers, `link` is the worker's hub
+        # link (set before `start`), which replicates the plugins and tees their updates here.
+        self.shared_state: SharedState | None = None
+        self.link: WorkerLink | None = None
+        self.worker_index = 0
+        self.metrics.registry.register(
+            PluginMetrics(lambda: [self.shared_state] if self.shared_state else [])
+        )
         if self.extproc is not None and self.extproc.stream_metrics is not None:
             self.metrics.registry.register(self.extproc.stream_metrics)
         self.metrics_server: MetricsServer | None = None
@@ -229,6 +243,8 @@ class Service:
             return False
         running = self.director.config
         self.director.replace_config(self._prepare(fresh))
+        if self.shared_state is not None:
+            self.shared_state.attach(replicate=self.link is None)
         kept = {id(p) for p in fresh.plugins.values()}
         dropped = [p for p in running.plugins.values() if id(p) not in kept]
         if dropped:
@@ -287,6 +303,7 @@ class Service:
         await self.scrapers.start()
         await self.kv_events.start(sinks_of(self.director.config.plugins.values()))
         await self.catalog.start()
+        await self._share_state()  # the other replicas' state before serving
         if self.proxy is not None:
             await self.proxy.start(proxy_socket)
         if self.extproc is not None:
@@ -295,6 +312,24 @@ class Service:
             self.metrics_server = self._metrics_server()
             await self.metrics_server.start(self.settings.metrics_host, self.settings.metrics_port)
         await self._elect()  # last: a replica that failed to start never holds the Lease
+
+    async def _share_state(self) -> None:
+        url = self.settings.shared_state
+        if url is None:
+            return
+        k8s = self.settings.kubernetes
+        scope = scope_of(k8s.namespace, k8s.pool) if k8s is not None else scope_of("", None)
+        shared = SharedState(
+            normalize_address(url),
+            scope,
+            f"{self.settings.replica_id}/{self.worker_index}",
+            lambda: self.director.config,
+            local_worker=self.worker_index,
+        )
+        if self.link is not None:
+            self.link.tee = shared.published
+        await shared.start(replicate=self.link is None)
+        self.shared_state = shared
 
     @staticmethod
     async def _release_lease(elector: LeaderElector) -> None:
@@ -354,6 +389,8 @@ class Service:
             fronts.append(self._release_lease(self.elector))
         await asyncio.gather(*fronts)
         await self.director.close()
+        if self.shared_state is not None:
+            await self.shared_state.stop()
         await self.kv_events.stop()
         await self.catalog.stop()
         await self.scrapers.stop()

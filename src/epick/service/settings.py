@@ -7,6 +7,7 @@ and checked by `Settings.check`.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 
 from epick.datalayer.datastore import EndpointSpec
@@ -93,6 +94,11 @@ class Settings:
     # Worker processes (`epick.service.workers`); None: one per core available, or one where
     # splitting would change the service.
     workers: int | None = 1
+    # `--shared-state`: a Redis or Valkey URL through which replicas on other hosts share the replicated
+    # plugins' state (`epick.service.shared_state`); None: each replica (each pod) learns alone.
+    shared_state: str | None = None
+    # This process group's name among the replicas sharing state (one per pod: the workers share it).
+    replica_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     # On stop: how long requests in flight may take to finish before their connections are closed.
     drain_timeout: float = 10.0
     # The log level worker processes set up (a single process leaves logging to its caller).
@@ -131,6 +137,13 @@ class Settings:
 
     def check(self) -> None:
         """Raise `SettingsError` naming the first setting that cannot work."""
+        if self.shared_state is not None:
+            scheme = self.shared_state.partition("://")[0] if "://" in self.shared_state else ""
+            if scheme not in ("redis", "rediss", "unix", "valkey", "valkeys"):
+                raise SettingsError(
+                    f"shared state {self.shared_state!r}: give a redis://, rediss:// (TLS), unix://, "
+                    "valkey:// or valkeys:// URL"
+                )
         k8s = self.kubernetes
         if self.endpoints and k8s is not None:
             raise SettingsError("give static endpoints or Kubernetes discovery, not both")

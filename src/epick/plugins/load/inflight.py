@@ -137,6 +137,8 @@ def prompt_tokens(request: InferenceRequest) -> int:
 class InFlightLoadProducer(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.PROMPT_SIZE | Reads.TOKENS | Reads.BODY | Reads.HISTORY
+    # Replicated: each update is this worker's own count on one endpoint (absolute): shared state
+    replicates_state = True
 
     def __init__(
         self,

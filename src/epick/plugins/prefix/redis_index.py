@@ -325,7 +325,7 @@ class SharedBlockIndex(BlockIndex):
         log.warning(
             "shared KV-block index at %s does not answer (%s: %s); deciding on this replica's own index "
             "until it is back",
-            _redacted(self.address),
+            redacted(self.address),
             type(error).__name__,
             error,
         )
@@ -350,7 +350,7 @@ class SharedBlockIndex(BlockIndex):
             self.stats.resyncs += 1
             log.info(
                 "shared KV-block index at %s answers again: %d removals replayed, %d keys written again",
-                _redacted(self.address),
+                redacted(self.address),
                 len(removals),
                 written,
             )
@@ -390,7 +390,7 @@ def _client(address: str) -> Any:
     return redis.asyncio.Redis.from_url(address, socket_connect_timeout=2.0, health_check_interval=30)
 
 
-def _redacted(address: str) -> str:
+def redacted(address: str) -> str:
     """The address without its password."""
     scheme, sep, rest = address.partition("://")
     credentials, at, host = rest.rpartition("@")

@@ -53,6 +53,8 @@ class WorkerLink:
         self.covering: set[int] = set()
         self._accept: Callable[[int], None] | None = None  # by socket index, once serving
         self._release: Callable[[int], None] | None = None
+        # Also told of each update this worker's plugins record (`--shared-state`: other hosts).
+        self.tee: Callable[[str, object], None] | None = None
 
     def serve_sockets(self, accept: Callable[[int], None], release: Callable[[int], None]) -> None:
         """Once the proxy runs: accept on the sockets the hub gives this worker (`accept(i)`) until
@@ -109,6 +111,8 @@ class WorkerLink:
 
     def _publisher(self, name: str) -> Any:
         def publish(update: object) -> None:
+            if self.tee is not None:
+                self.tee(name, update)
             self._outbox.append([name, update])
             if not self._flush_pending:
                 self._flush_pending = True

@@ -73,6 +73,7 @@ async def run_worker(settings: Settings, role: Role) -> None:
     )
     await link.connect()  # the shared state first: then serve
     service.director.before_schedule = link.catch_up
+    service.link, service.worker_index = link, role.index  # --shared-state: tees the link's updates
     fds = role.proxy_fds
     await service.start(socket.socket(fileno=fds[role.index]) if fds else None)
     if fds and service.proxy is not None:
