@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_flowcontrol.py
 	$(BIN)/python benchmarks/bench_precise.py
 	$(BIN)/python benchmarks/bench_workers.py
+	$(BIN)/python benchmarks/bench_replicas.py --quick
 	$(BIN)/python benchmarks/bench_scrapes.py --quick
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/bench_dataplane.py
