@@ -183,7 +183,32 @@ async def test_two_services_send_each_conversation_to_one_endpoint(redis_server:
                         assert r.status == 200, await r.text()
                         served.setdefault(group, set()).add(r.headers[ENDPOINT_HEADER])
                 await asyncio.sleep(0.05)  # the other replica hears this turn's blocks
-        assert all(len(endpoints) == 1 for endpoints in served.values()), served
+            assert all(len(endpoints) == 1 for endpoints in served.values()), served
+
+            # The second replica stops and another starts: it catches up from the first before
+            # long, and each conversation's next turn through it goes where the others went.
+            await services.pop().stop()
+            settings = Settings(
+                endpoints=specs,
+                proxy=ProxyOptions(host="127.0.0.1", port=0, expose_endpoint=True),
+                metrics_port=None,
+                seed=3,
+                shared_state=redis_server.url,
+            )
+            late = Service(settings, load_config_text(CONFIG, seed=3))
+            await late.start()
+            services.append(late)
+            producer = next(
+                p for p in late.director.config.plugins.values() if isinstance(p, ApproxPrefixCacheProducer)
+            )
+            await eventually(lambda: len(producer.index) > 0, lambda: len(producer.index))
+            assert late.proxy is not None
+            for group in range(6):
+                text = f"conversation {group}: " + " ".join(f"turn {t} says hello" for t in range(5))
+                body = {"model": "sim-model", "prompt": "shared system prompt " * 20 + text, "max_tokens": 1}
+                async with http.post(f"http://127.0.0.1:{late.proxy.port}/v1/completions", json=body) as r:
+                    assert r.status == 200, await r.text()
+                    assert {r.headers[ENDPOINT_HEADER]} == served[group], group
     finally:
         for service in services:
             await service.stop()

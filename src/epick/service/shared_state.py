@@ -191,8 +191,11 @@ class SharedState:
         self._tasks.append(asyncio.create_task(self._snapshot_loop()))
 
     async def _join(self, pubsub: Any) -> None:
+        """Subscribe, restore the snapshots the others wrote (at most `snapshot_interval` old), ask
+        them for fresh ones (applied as they come), and read their in-flight values."""
         await pubsub.subscribe(f"{self.scope}:updates")
         await self._restore_snapshots()
+        await self._send("r", None)
         await self._sync_states()
         self._back()
 
