@@ -282,3 +282,57 @@ async def test_cache_salt_must_be_a_non_empty_string(
     body = {"model": MODEL, "prompt": "hello", "max_tokens": 1, "cache_salt": salt}
     status, response = await post(http, server, "/v1/completions", body)
     assert status == 400 and response["error"]["param"] == "cache_salt"
+
+
+# vLLM's render endpoints (the shapes llm-d-router's docs/communication.md records from vLLM).
+
+
+async def test_render_answers_the_prompts_token_ids_as_the_generation_endpoints_see_them(
+    real: SimServer, http: aiohttp.ClientSession, tok: Tokenizer
+) -> None:
+    seen = recording(real)
+    chat = {"model": MODEL, "messages": MESSAGES, "max_tokens": 3, "cache_salt": "s1"}
+    status, rendered = await post(http, real, "/v1/chat/completions/render", chat)
+    assert status == 200
+    assert isinstance(rendered, dict) and rendered["request_id"].startswith("chatcmpl-")
+    assert rendered["token_ids"] == tok.encode_chat(MESSAGES)
+    assert rendered["features"] == {
+        "mm_hashes": {"image": []},
+        "mm_placeholders": {"image": []},
+        "kwargs_data": {"image": []},
+    }
+    assert (
+        rendered["model"] == MODEL
+        and rendered["cache_salt"] == "s1"
+        and rendered["kv_transfer_params"] is None
+    )
+    assert rendered["sampling_params"]["max_tokens"] == 3
+    status, rendered_list = await post(
+        http, real, "/v1/completions/render", {"model": MODEL, "prompt": "hello world"}
+    )
+    assert status == 200
+    assert isinstance(rendered_list, list) and len(rendered_list) == 1
+    assert rendered_list[0]["token_ids"] == tok.encode("hello world") and rendered_list[0]["features"] is None
+    assert rendered_list[0]["request_id"].startswith("cmpl-")
+    status, two = await post(http, real, "/v1/completions/render", {"model": MODEL, "prompt": ["a b", "c"]})
+    assert status == 200 and [r["token_ids"] for r in two] == [tok.encode("a b"), tok.encode("c")]
+    # the same ids the generation endpoint would hand its engine, and nothing generated
+    async with http.post(real.url + "/v1/chat/completions", json=chat) as r:
+        assert r.status == 200
+    assert seen[-1].prompt_token_ids == tok.encode_chat(MESSAGES)
+    assert len(seen) == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status"),
+    [
+        ("/v1/completions/render", {"model": MODEL, "prompt": 3}, 400),
+        ("/v1/chat/completions/render", {"model": MODEL, "messages": []}, 400),
+        ("/v1/completions/render", {"model": "other", "prompt": "x"}, 404),
+    ],
+)
+async def test_render_refuses_what_vllm_refuses(
+    real: SimServer, http: aiohttp.ClientSession, path: str, body: Any, status: int
+) -> None:
+    got, answer = await post(http, real, path, body)
+    assert got == status, answer

@@ -44,7 +44,7 @@ from epick.sim.openai_api import (
     usage,
 )
 from epick.sim.options import ServerOptions
-from epick.sim.tokenize_api import detokenized, tokenized
+from epick.sim.tokenize_api import detokenized, rendered_chat, rendered_completions, tokenized
 
 IDENTITY_HEADER = "x-epick-sim-server"
 # How often a request held by a latency spike looks whether its client has gone (wall seconds).
@@ -107,6 +107,8 @@ class SimServer:
         app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
         app.router.add_post("/tokenize", self._tokenize)
         app.router.add_post("/detokenize", self._detokenize)
+        app.router.add_post("/v1/chat/completions/render", self._render_chat)
+        app.router.add_post("/v1/completions/render", self._render_completions)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.options.host, self.port)
@@ -298,6 +300,24 @@ class SimServer:
         except APIError as e:
             raise errors.with_status_code(e) from None
         return web.json_response(answer)
+
+    async def _render_chat(self, request: web.Request) -> web.Response:
+        """POST /v1/chat/completions/render, as vLLM (`epick.sim.tokenize_api.rendered_chat`)."""
+        body = await read_json(request)
+        self._check_optional_model(body)
+        return web.json_response(
+            rendered_chat(body, self.tokenizer, self.options.engine.max_model_len, uuid.uuid4().hex[:16])
+        )
+
+    async def _render_completions(self, request: web.Request) -> web.Response:
+        """POST /v1/completions/render, as vLLM (`epick.sim.tokenize_api.rendered_completions`)."""
+        body = await read_json(request)
+        self._check_optional_model(body)
+        return web.json_response(
+            rendered_completions(
+                body, self.tokenizer, self.options.engine.max_model_len, uuid.uuid4().hex[:16]
+            )
+        )
 
     # Inference.
     async def _completions(self, request: web.Request) -> web.StreamResponse:
