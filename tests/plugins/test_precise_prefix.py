@@ -60,6 +60,10 @@ def test_no_tokens_or_a_short_prompt_writes_no_match() -> None:
         state = CycleState()
         producer.produce(request, state, [A])  # type: ignore[arg-type]
         assert state.read(producer.key, PrefixMatch) is None
+    # a request with no tokens at all is counted, continuously, in a metric (a short one is not)
+    assert producer.without_tokens == 1
+    samples = {s.name: s.value for s in producer.metric_samples()}
+    assert samples["epick_precise_prefix_requests_without_tokens"] == 1.0
 
 
 def test_the_model_and_the_cache_salt_are_part_of_the_keys() -> None:

@@ -291,6 +291,7 @@ class PrecisePrefixCacheProducer(NamedPlugin):
         self.enable_metrics = params.indexer_config.kv_block_index_config.enable_metrics
         self.lookups = 0  # lookups made (upstream's kv_cache_index_lookup_requests_total)
         self.lookup_hits = 0  # blocks of the best candidate's run, summed over lookups
+        self.without_tokens = 0  # requests it saw with no tokens: scored 0 everywhere
         self._speculative: deque[tuple[float, tuple[int, ...], str]] = deque()
         # With a shared index: each request's keys and what the index held, read before its cycle
         self._fetched: OrderedDict[int, tuple[list[list[int]], list[list[tuple[Entry, ...]]]]] = OrderedDict()
@@ -299,6 +300,13 @@ class PrecisePrefixCacheProducer(NamedPlugin):
     # `kvBlockIndexConfig.enableMetrics` is on; and the index's size in keys.
     def metric_samples(self) -> Iterator[MetricSample]:
         yield from self.shared_index_samples()
+        yield MetricSample(
+            f"{EPICK_PREFIX}_precise_prefix_requests_without_tokens",
+            "Requests the precise prefix plugin saw without token ids (no tokenizer answered): each "
+            "was scored 0 on every endpoint.",
+            "counter",
+            float(self.without_tokens),
+        )
         if not self.enable_metrics:
             return
         for name, doc, value in (
@@ -386,6 +394,8 @@ class PrecisePrefixCacheProducer(NamedPlugin):
         fetched = self._fetched.pop(request.key, None)
         per_prompt = fetched[0] if fetched is not None else [k for k in self.block_keys(request) if k]
         if not per_prompt:
+            if request.body.tokenized is None:
+                self.without_tokens += 1  # shown continuously (a metric), not in one log line
             return  # upstream: no tokens, or fewer than a block: no match written
         ids = {endpoint_id(ep): ep.name for ep in endpoints}
         weighted: dict[str, float] = {}
