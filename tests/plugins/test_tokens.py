@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -103,18 +104,26 @@ def test_a_request_already_tokenized_is_not_tokenized_again() -> None:
 # The vLLM backend: what it asks, and the request-control layer's call.
 
 
-def test_vllm_backend_asks_tokenize_per_prompt_and_for_chats() -> None:
+def test_vllm_backend_asks_render_then_tokenize_per_prompt_and_for_chats() -> None:
     producer = TokenProducer(backend="vllm", model_name="Qwen/Qwen3-0.6B", url="http://h:8000/", timeout=2.0)
     call = producer.tokenize_call(make_request(messages=MESSAGES, tools=[{"type": "function"}]))
-    assert call is not None and call.url == "http://h:8000/tokenize" and call.timeout == 2.0
+    assert call is not None and call.url == "http://h:8000/v1/chat/completions/render" and call.timeout == 2.0
+    assert call.fallback is not None and call.fallback.url == "http://h:8000/tokenize"
+    assert call.fallback.payloads == call.payloads
     [chat] = call.payloads
     assert chat["model"] == "Qwen/Qwen3-0.6B" and chat["messages"] == MESSAGES
     assert chat["add_generation_prompt"] is True and chat["add_special_tokens"] is False and chat["tools"]
     call = producer.tokenize_call(make_request(prompt=["a", "b"]))  # type: ignore[arg-type]
     assert call is not None and [p["prompt"] for p in call.payloads] == ["a", "b"]
+    assert call.url == "http://h:8000/v1/completions/render"
     assert producer.tokenize_call(make_request(prompt=[1, 2])) is None  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="'tokens'"):
+    with pytest.raises(ValueError, match="'tokens' or 'token_ids'"):
         producer.tokenized(make_request("x"), [{"count": 1}])
+    with pytest.raises(ValueError, match="2 prompts, not one"):
+        producer.tokenized(make_request("x"), [[{"token_ids": [1]}, {"token_ids": [2]}]])  # type: ignore[list-item]
+    rendered = make_request("x")
+    producer.tokenized(rendered, [[{"token_ids": [7, 8]}]])  # type: ignore[list-item]
+    assert rendered.body.tokenized is not None and rendered.body.tokenized.prompts == ((7, 8),)
     # Without the call's answer the producer fails: upstream's rule, the request goes on untokenized.
     with pytest.raises(RuntimeError, match="tokenization failed"):
         producer.produce(make_request("x"), CycleState(), [])
@@ -162,5 +171,33 @@ async def test_remote_tokenization_sets_tokens_or_logs_why_not(
         dead = TokenProducer(backend="vllm", url="http://127.0.0.1:1", timeout=1.0)
         await remote.tokenize(make_request("x"), [dead])
         assert remote.failures == 2
+        assert remote.missing == {
+            f"{url}/v1/completions/render"
+        }  # this server has no render: not asked again
+    finally:
+        await remote.close()
+
+
+async def test_remote_tokenization_asks_the_render_endpoints_of_a_server_that_has_them(
+    make_sim: Any,
+) -> None:
+    """`epick sim-server` answers vLLM's render endpoints: the tokens are those its /tokenize gives."""
+    sim = await make_sim(port=0)
+    producer = TokenProducer(backend="vllm", url=f"http://127.0.0.1:{sim.port}", model_name="sim-model")
+    remote = RemoteTokenization()
+    try:
+        chat = make_request(messages=MESSAGES)
+        completion = make_request("hello render")
+        await remote.tokenize(chat, [producer])
+        await remote.tokenize(completion, [producer])
+        assert remote.failures == 0 and remote.missing == set()
+        async with aiohttp.ClientSession() as http:
+            for request, body in (
+                (chat, {"model": "sim-model", "messages": MESSAGES}),
+                (completion, {"model": "sim-model", "prompt": "hello render"}),
+            ):
+                async with http.post(f"http://127.0.0.1:{sim.port}/tokenize", json=body) as r:
+                    expected = tuple((await r.json())["tokens"])
+                assert request.body.tokenized is not None and request.body.tokenized.prompts == (expected,)
     finally:
         await remote.close()

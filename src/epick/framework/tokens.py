@@ -33,11 +33,13 @@ class TokenizedPrompt:
 
 @dataclass(frozen=True, slots=True)
 class TokenizeCall:
-    """What to ask a model server: POST each payload to `url`, within `timeout` seconds in all."""
+    """What to ask a model server: POST each payload to `url`, within `timeout` seconds in all; where
+    `url` answers 404 (a server without that endpoint), the `fallback` call instead, from then on."""
 
     url: str
     payloads: tuple[Mapping[str, Any], ...]
     timeout: float
+    fallback: TokenizeCall | None = None
 
 
 @runtime_checkable

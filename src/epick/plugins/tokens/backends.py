@@ -165,11 +165,19 @@ def tokenize_payloads(request: InferenceRequest, model: str) -> tuple[Mapping[st
     return tuple({"model": model, "prompt": t, "add_special_tokens": special} for t in texts)
 
 
-def tokens_of_answer(answer: Mapping[str, Any]) -> tuple[int, ...]:
-    """The `tokens` of a vLLM /tokenize answer; ValueError naming what is wrong otherwise."""
-    tokens = answer.get("tokens") if isinstance(answer, Mapping) else None
+def tokens_of_answer(answer: Mapping[str, Any] | list[Any]) -> tuple[int, ...]:
+    """The token ids of a vLLM answer: `/tokenize`'s `tokens`, `/v1/chat/completions/render`'s
+    `token_ids`, or the one element of `/v1/completions/render`'s list; ValueError naming what is
+    wrong otherwise."""
+    if isinstance(answer, list):
+        if len(answer) != 1:
+            raise ValueError(f"the render answer has {len(answer)} prompts, not one")
+        answer = answer[0]
+    tokens = None
+    if isinstance(answer, Mapping):
+        tokens = answer.get("token_ids", answer.get("tokens"))
     if not isinstance(tokens, list) or not all(
         isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens
     ):
-        raise ValueError("the tokenize answer has no 'tokens' list of non-negative integers")
+        raise ValueError("the answer has no 'tokens' or 'token_ids' list of non-negative integers")
     return tuple(tokens)

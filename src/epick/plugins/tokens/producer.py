@@ -4,8 +4,10 @@ pkg/epp/framework/plugins/requestcontrol/dataproducer/tokenizer).
 
 Backends, as upstream chooses them: `udsTokenizerConfig`, else `vllm` or `modelName`, else `estimate`.
 - `vllm` (`url`, default http://localhost:8000; llm-d-inference-scheduler's older name `http`;
-  `timeout`, 5s): the model server tokenizes. The request-control layer asks its `/tokenize` for
-  each prompt, with the model `modelName` (else the request's), before the producers run.
+  `timeout`, 5s): the model server, or llm-d's render sidecar (`vllm launch render`), tokenizes. The
+  request-control layer asks its `/v1/chat/completions/render` for a chat, `/v1/completions/render`
+  for each prompt of a completion, with the model `modelName` (else the request's), before the
+  producers run; a server without them (404) is asked `/tokenize` instead, from then on.
 - `estimate` (the default): the prompt's bytes packed four to a token, upstream's estimate. Its ids
   match no engine's, so a precise prefix index finds nothing with them.
 - `local` (epick's): the model's own tokenizer files, `local.path` (a directory or a
@@ -18,8 +20,8 @@ request is scheduled without tokens; a request already tokenized only gets its c
 
 Deviations, on purpose: with `udsTokenizerConfig` (llm-d's tokenizer sidecar) epick tokenizes in
 process with the model's files found as `local` finds them (the sidecar runs the same Hugging Face
-tokenizer); upstream's vLLM backend calls the newer `/v1/completions/render` endpoints, epick calls
-`/tokenize`, which every vLLM version and `epick sim-server` serve.
+tokenizer); where the render endpoints answer 404, epick falls back to `/tokenize` (older vLLM),
+where upstream's vLLM backend fails.
 """
 
 from __future__ import annotations
@@ -165,7 +167,10 @@ class TokenProducer(NamedPlugin):
         if self.backend != "vllm" or request.body.tokenized is not None or given_tokens(request) is not None:
             return None
         model = self.model_name or request.target_model
-        return TokenizeCall(f"{self.url}/tokenize", tokenize_payloads(request, model), self.timeout)
+        payloads = tokenize_payloads(request, model)
+        tokenize = TokenizeCall(f"{self.url}/tokenize", payloads, self.timeout)
+        render = "chat/completions/render" if "messages" in payloads[0] else "completions/render"
+        return TokenizeCall(f"{self.url}/v1/{render}", payloads, self.timeout, fallback=tokenize)
 
     def tokenized(self, request: InferenceRequest, answers: Sequence[Mapping[str, Any]]) -> None:
         prompts = tuple(tokens_of_answer(a) for a in answers)
