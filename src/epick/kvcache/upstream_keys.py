@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import cbor2
 import xxhash
 
-from epick.kvcache.keys import _le32
+from epick.kvcache.keys import _le32, extra_bytes
 
 ALGORITHMS = ("cbor-fnv", "xxh64")
 _FNV_OFFSET = 0xCBF29CE484222325
@@ -72,8 +72,7 @@ class UpstreamTokenProcessor:
 
     def root(self, model: str) -> int:
         if self.xxh64:
-            raw = model.encode()
-            return xxhash.xxh64_intdigest(_LE64.pack(self._seed) + _LE64.pack(len(raw)) + raw)
+            return xxhash.xxh64_intdigest(_LE64.pack(self._seed) + extra_bytes((model,)))
         return fnv1a_64(cbor_payload(self._seed, None, model))
 
     def keys(
@@ -99,7 +98,7 @@ class UpstreamTokenProcessor:
                 block = _LE64.pack(prev) + data[i * width : (i + 1) * width]
                 keys = extra[i] if extra is not None and i < len(extra) else None
                 if keys:
-                    block += b"".join(_LE64.pack(len(raw)) + raw for raw in (k.encode() for k in keys))
+                    block += extra_bytes(keys)
                 prev = xxhash.xxh64_intdigest(block)
                 out.append(prev)
             return out

@@ -18,13 +18,13 @@ from collections.abc import Callable, Sequence
 from epick.framework import CycleState, Endpoint, InferenceRequest, Plugin, Reads
 from epick.plugins.prefix.precise import (
     TOKENS_TYPE,
-    PreciseParameters,
     PrecisePrefixCacheProducer,
     SharedPrecisePrefixCacheProducer,
     speculative_state,
     token_source,
 )
 from epick.plugins.prefix.precise import TYPE as PRODUCER_TYPE
+from epick.plugins.prefix.precise_parameters import PreciseParameters
 from epick.plugins.prefix.producer import match_key
 from epick.plugins.prefix.scorer import PrefixMatch
 from epick.plugins.registry import Handle, ParameterError, PluginSpec
