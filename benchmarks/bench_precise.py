@@ -126,17 +126,21 @@ def endpoints(n: int) -> list[Endpoint]:
     ]
 
 
+def fill(producer: PrecisePrefixCacheProducer, prompt: tuple[int, ...], pods: list[Endpoint]) -> None:
+    """Every endpoint holds some of the prompt's prefix (a long run on a few), and other blocks."""
+    rng = random.Random(3)
+    keys = producer.processor.keys(prompt, "m")
+    for i, ep in enumerate(pods):
+        held = len(keys) if i % 16 == 0 else rng.randrange(len(keys))
+        producer.index.add(keys[:held], (f"{ep.address}:{ep.port}", "gpu"))
+        producer.index.add([rng.getrandbits(64) for _ in range(2000)], (f"{ep.address}:{ep.port}", "gpu"))
+
+
 def decisions(config_text: str, n: int, prompt: tuple[int, ...], pods: list[Endpoint]) -> tuple[float, float]:
     config = load_config_text(config_text, seed=0)
     producer = config.plugins.get("precise-prefix-cache-producer")
     if isinstance(producer, PrecisePrefixCacheProducer):
-        # Every endpoint holds some of the prompt's prefix (a long run on a few), and other blocks.
-        rng = random.Random(3)
-        keys = producer.processor.keys(prompt, "m")
-        for i, ep in enumerate(pods):
-            held = len(keys) if i % 16 == 0 else rng.randrange(len(keys))
-            producer.index.add(keys[:held], (f"{ep.address}:{ep.port}", "gpu"))
-            producer.index.add([rng.getrandbits(64) for _ in range(2000)], (f"{ep.address}:{ep.port}", "gpu"))
+        fill(producer, prompt, pods)
     path = RequestPath(config)
     samples = []
     for i in range(n):
@@ -165,12 +169,7 @@ async def shared_decisions(
     config = load_config_text(shared(PRECISE, url), seed=0)
     producer = config.plugins["precise-prefix-cache-producer"]
     assert isinstance(producer, SharedPrecisePrefixCacheProducer)
-    rng = random.Random(3)
-    keys = producer.processor.keys(prompt, "m")
-    for i, ep in enumerate(pods):
-        held = len(keys) if i % 16 == 0 else rng.randrange(len(keys))
-        producer.index.add(keys[:held], (f"{ep.address}:{ep.port}", "gpu"))
-        producer.index.add([rng.getrandbits(64) for _ in range(2000)], (f"{ep.address}:{ep.port}", "gpu"))
+    fill(producer, prompt, pods)
     while producer.index._ops or (producer.index._writer is not None and not producer.index._writer.done()):
         await asyncio.sleep(0.01)
     path = RequestPath(config)
