@@ -331,10 +331,58 @@ def test_notification_sources_take_only_their_extractors() -> None:
     assert "v1/Pod" in found[1][1]
 
 
-def test_cross_replica_syncer_is_an_error() -> None:
+def test_cross_replica_syncer_must_name_a_syncer() -> None:
     found = issues("plugins:\n- type: queue-scorer\ndataLayer:\n  crossReplicaSyncerPluginRef: redis\n")
-    assert [path for path, _ in found] == ["dataLayer.crossReplicaSyncerPluginRef"]
-    assert "'redis' is not a cross-replica syncer" in found[0][1]
+    assert found == [
+        (
+            "dataLayer.crossReplicaSyncerPluginRef",
+            "cross-replica syncer 'redis' is not a plugin of this config",
+        )
+    ]
+    found = issues(
+        "plugins:\n- type: queue-scorer\ndataLayer:\n  crossReplicaSyncerPluginRef: queue-scorer\n"
+    )
+    assert found == [
+        (
+            "dataLayer.crossReplicaSyncerPluginRef",
+            "plugin 'queue-scorer' (queue-scorer) is not a cross-replica syncer",
+        )
+    ]
+
+
+def test_cross_replica_syncer_and_interval_reach_the_plan() -> None:
+    config = load(
+        """\
+        plugins:
+        - type: queue-scorer
+        - name: shared
+          type: shared-state-syncer
+          parameters: {address: "valkey://user:secret@cache:6379"}
+        dataLayer:
+          crossReplicaSyncerPluginRef: shared
+          crossReplicaSyncInterval: 500ms
+        """
+    )
+    plan = config.data_layer
+    assert plan.syncer is config.plugins["shared"]
+    assert plan.syncer.address == "redis://user:secret@cache:6379"
+    assert plan.sync_interval == 0.5
+    assert load("plugins:\n- type: queue-scorer\n").data_layer.sync_interval == 0.2
+    zero = load(
+        "plugins:\n- type: queue-scorer\n"
+        "- {name: s, type: shared-state-syncer, parameters: {address: 'r:1'}}\n"
+        "dataLayer:\n  crossReplicaSyncerPluginRef: s\n  crossReplicaSyncInterval: 0s\n"
+    )
+    assert zero.data_layer.sync_interval == 0.2  # upstream: non-positive means the default
+
+
+def test_syncer_address_must_be_redis_or_valkey() -> None:
+    found = issues(
+        "plugins:\n- {name: s, type: shared-state-syncer, parameters: {address: 'http://x:1'}}\n"
+        "- type: queue-scorer\n"
+    )
+    assert [path for path, _ in found] == ["plugins[0].parameters.address"]
+    assert "is not a Redis or Valkey address" in found[0][1]
 
 
 def test_discovery_must_name_a_file_discovery_plugin() -> None:

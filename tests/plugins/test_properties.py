@@ -246,6 +246,7 @@ REQUIRED_PARAMETERS = {
     "k8s-notification-source": {"version": "v1", "kind": "Pod"},
     "file-discovery": {"path": "endpoints.yaml"},
     "multicluster-file-discovery": {"path": "clusters.yaml"},
+    "shared-state-syncer": {"address": "redis://127.0.0.1:6379"},
     "priority-holdback-policy": {"minCeiling": 0.4},
 }
 

@@ -211,3 +211,51 @@ async def test_two_services_send_each_conversation_to_one_endpoint(redis_server:
     finally:
         for service in services:
             await service.stop()
+
+
+async def test_the_configs_cross_replica_syncer_starts_the_shared_state(redis_server: Any) -> None:
+    """`dataLayer.crossReplicaSyncerPluginRef` naming a shared-state-syncer does what
+    `--shared-state` does, at the config's `crossReplicaSyncInterval`; the flag wins over it."""
+
+    def config(address: str) -> str:
+        plugins, _, profiles = CONFIG.partition("schedulingProfiles:")
+        return (
+            f"{plugins}- name: shared\n  type: shared-state-syncer\n  parameters: {{address: '{address}'}}\n"
+            f"schedulingProfiles:{profiles}"
+            "dataLayer:\n  crossReplicaSyncerPluginRef: shared\n  crossReplicaSyncInterval: 50ms\n"
+        )
+
+    specs = (EndpointSpec("a", "127.0.0.1", 1, {}), EndpointSpec("b", "127.0.0.1", 2, {}))
+    services = []
+    try:
+        first = Service(
+            Settings(endpoints=specs, proxy=None, metrics_port=None, replica_id="first"),
+            load_config_text(config(redis_server.url), seed=0),
+        )
+        await first.start()
+        services.append(first)
+        assert first.shared_state is not None and first.shared_state.up
+        assert first.shared_state.url == redis_server.url and first.shared_state.interval == 0.05
+        # the flag wins: this config's syncer points nowhere
+        second = Service(
+            Settings(
+                endpoints=specs,
+                proxy=None,
+                metrics_port=None,
+                replica_id="second",
+                shared_state=redis_server.url,
+            ),
+            load_config_text(config("redis://127.0.0.1:1"), seed=1),
+        )
+        await second.start()
+        services.append(second)
+        assert second.shared_state is not None and second.shared_state.url == redis_server.url
+        ours, theirs = (
+            next(p for p in s.director.config.plugins.values() if isinstance(p, InFlightLoadProducer))
+            for s in (first, second)
+        )
+        ours.pre_request(make_request("x" * 400), decided(("default", "a")), CycleState())
+        await eventually(lambda: theirs.load("a").requests == 1, lambda: theirs.load("a"))
+    finally:
+        for service in services:
+            await service.stop()

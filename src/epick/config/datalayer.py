@@ -17,6 +17,7 @@ from epick.config.schema import DataLayerSection, DataLayerSource, EndpointPicke
 from epick.framework import Plugin
 from epick.framework.datalayer import (
     CoreMetricsReader,
+    CrossReplicaSyncer,
     EndpointExtractor,
     EndpointNotificationSource,
     EndpointsFileDiscovery,
@@ -27,6 +28,7 @@ from epick.framework.datalayer import (
 )
 
 METRICS_SOURCE = "metrics-data-source"
+DEFAULT_SYNC_INTERVAL = 0.2  # seconds: upstream's defaultCrossReplicaSyncInterval
 CORE_EXTRACTOR = "core-metrics-extractor"
 LLMD_GROUP = "llm-d.ai/"
 
@@ -52,6 +54,9 @@ class DataLayerPlan:
     discovery: EndpointsFileDiscovery | None = None
     injected: bool = False  # the default metrics source was added by the loader
     fingerprint: str = field(default="", compare=False)
+    # `crossReplicaSyncerPluginRef` and `crossReplicaSyncInterval` (upstream's default 200 ms)
+    syncer: CrossReplicaSyncer | None = None
+    sync_interval: float = DEFAULT_SYNC_INTERVAL
 
     @property
     def scrapes_core_metrics(self) -> bool:
@@ -125,6 +130,7 @@ class DataLayerBuilder:
                 endpoint_extractors.append(plugin)  # upstream's registrants wire themselves
                 bound.add(name)
         discovery = self._discovery(where, section)
+        syncer = self._syncer(where, section)
         if section is not None:
             self._unsupported(where, section)
         for name, plugin in self.instances.items():
@@ -152,7 +158,14 @@ class DataLayerBuilder:
                 id(discovery) if discovery else 0,
             )
         )
-        return DataLayerPlan(tuple(polled), tuple(endpoint_extractors), discovery, injected, fingerprint)
+        interval = DEFAULT_SYNC_INTERVAL
+        if section is not None and section.cross_replica_sync_interval is not None:
+            interval = section.cross_replica_sync_interval
+            if interval <= 0:  # upstream: a non-positive interval falls back to the default
+                interval = DEFAULT_SYNC_INTERVAL
+        return DataLayerPlan(
+            tuple(polled), tuple(endpoint_extractors), discovery, injected, fingerprint, syncer, interval
+        )
 
     def _check_consumers(self, polled: list[PolledSource]) -> None:
         """A plugin that reads attributes no bound extractor produces is an error (upstream's loader
@@ -302,14 +315,25 @@ class DataLayerBuilder:
             return None
         return plugin
 
-    def _unsupported(self, where: str, section: DataLayerSection) -> None:
-        if section.cross_replica_syncer_plugin_ref:
+    def _syncer(self, where: str, section: DataLayerSection | None) -> CrossReplicaSyncer | None:
+        """The plugin `crossReplicaSyncerPluginRef` names, which must be a cross-replica syncer."""
+        ref = section.cross_replica_syncer_plugin_ref if section is not None else None
+        if not ref:
+            return None
+        path = f"{where}.crossReplicaSyncerPluginRef"
+        plugin = self._plugin(path, ref, "cross-replica syncer")
+        if plugin is None:
+            return None
+        if not isinstance(plugin, CrossReplicaSyncer):
             self.fail(
-                f"{where}.crossReplicaSyncerPluginRef",
-                f"plugin {section.cross_replica_syncer_plugin_ref!r} is not a cross-replica syncer: no "
-                "syncer type exists, in epick or upstream",
-                "remove crossReplicaSyncerPluginRef",
+                path,
+                f"plugin {ref!r} ({plugin.typed_name.type}) is not a cross-replica syncer",
+                "refer to a shared-state-syncer plugin",
             )
+            return None
+        return plugin
+
+    def _unsupported(self, where: str, section: DataLayerSection) -> None:
         if section.peer_discovery is not None:
             self.warn(
                 f"{where}.peerDiscovery has no effect: upstream parses it but nothing uses it, nor does epick"

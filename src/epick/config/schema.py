@@ -178,7 +178,7 @@ class DataLayerSection(_Strict):
     discovery: ExtractorRef | None = None
     peer_discovery: ExtractorRef | None = Field(default=None, alias="peerDiscovery")
     cross_replica_syncer_plugin_ref: str | None = Field(default=None, alias="crossReplicaSyncerPluginRef")
-    cross_replica_sync_interval: str | None = Field(default=None, alias="crossReplicaSyncInterval")
+    cross_replica_sync_interval: Duration | None = Field(default=None, alias="crossReplicaSyncInterval")
 
     @field_validator("sources", mode="before")
     @classmethod

@@ -5,6 +5,7 @@ each change.)"""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
@@ -50,8 +51,10 @@ class HealthService:
     - `synced`: the endpoints are known (the pool has been listed; a static list always is);
     - `leader`: None without leader election, else whether this replica holds the Lease;
     - `draining`: stopping (SIGTERM); every readiness answer turns NOT_SERVING at once;
-    - `not_ready`: why the service cannot serve although synced (a pool protocol no parser takes, a
-      plugin not ready), or None.
+    - `not_ready`: why the service cannot serve although synced (a pool protocol no parser takes), or
+      None;
+    - `plugins`: why a plugin is not ready (upstream's `ReadinessChecker`), or None; `probe`, when set,
+      gives it afresh at each check (`refresh`).
 
     Ready is all four agreeing. Without leader election every service name gets the ready answer, except
     `liveness`, which is SERVING while the process runs (the Go EPP fails it too while unsynced or
@@ -65,12 +68,20 @@ class HealthService:
         self.leader: bool | None = None
         self.draining = False
         self.not_ready: str | None = None
+        self.plugins: str | None = None
+        self.probe: Callable[[], str | None] | None = None
         self._watchers: dict[str, set[_Watch]] = {}
         self._said: str | None = None
 
     @property
     def ready(self) -> bool:
-        return self.synced and self.leader is not False and not self.draining and self.not_ready is None
+        return (
+            self.synced
+            and self.leader is not False
+            and not self.draining
+            and self.not_ready is None
+            and self.plugins is None
+        )
 
     def why_not_ready(self) -> str | None:
         """Why readiness is NOT_SERVING, in words (None when ready)."""
@@ -83,9 +94,24 @@ class HealthService:
             reasons.append("draining for shutdown")
         if self.not_ready is not None:
             reasons.append(self.not_ready)
+        if self.plugins is not None:
+            reasons.append(self.plugins)
         return "; ".join(reasons) or None
 
+    def refresh(self) -> None:
+        """Ask `probe` whether the plugins are ready; a change is logged and told like any other."""
+        if self.probe is not None:
+            plugins = self.probe()
+            if plugins != self.plugins:
+                self.update(plugins=plugins)
+
     def status(self, service: str) -> int:
+        """The answer for `service`, the plugins asked afresh."""
+        if service != LIVENESS:
+            self.refresh()
+        return self._status(service)
+
+    def _status(self, service: str) -> int:
         if service == LIVENESS:
             return SERVING
         if self.leader is not None and service not in KNOWN_SERVICES:
@@ -93,10 +119,10 @@ class HealthService:
         return SERVING if self.ready else NOT_SERVING
 
     def update(self, **facts: object) -> None:
-        """Set some of the facts (synced, leader, draining, not_ready), log a change of readiness, and
-        tell those watching."""
+        """Set some of the facts (synced, leader, draining, not_ready, plugins), log a change of
+        readiness, and tell those watching."""
         for name, value in facts.items():
-            if name not in ("synced", "leader", "draining", "not_ready"):
+            if name not in ("synced", "leader", "draining", "not_ready", "plugins"):
                 raise TypeError(f"unknown health fact {name!r}")
             setattr(self, name, value)
         said = self.why_not_ready()
@@ -109,7 +135,7 @@ class HealthService:
                 log.warning("not ready: %s", said)
             self._said = said
         for service, watches in self._watchers.items():
-            status = self.status(service)
+            status = self._status(service)
             for watch in list(watches):
                 watch.tell(status)
 

@@ -21,6 +21,7 @@ from epick.framework.interfaces import (
     PreRequest,
     ProfileHandler,
     ProfileLike,
+    ReadinessChecker,
     RequestHeaderProcessor,
     ResponseComplete,
     ResponseReceived,
@@ -28,6 +29,7 @@ from epick.framework.interfaces import (
     SaturationDetector,
     Scorer,
     Screener,
+    StateDumper,
 )
 from epick.framework.metrics import LLMD_SUBSYSTEM, ExportsMetrics, MetricSample
 from epick.framework.parsing import ParsedRequest, Parser, ParserSet, merge_usage
@@ -87,6 +89,7 @@ __all__ = [
     "ProfileHandler",
     "ProfileLike",
     "ProfileRunResult",
+    "ReadinessChecker",
     "Reads",
     "RemoteTokenizer",
     "RequestBody",
@@ -106,6 +109,7 @@ __all__ = [
     "Scorer",
     "Screener",
     "Snapshot",
+    "StateDumper",
     "TokenizeCall",
     "TokenizedPrompt",
     "TypedName",

@@ -165,3 +165,18 @@ class ResourceNotificationSource(Plugin, Protocol):
 
     @property
     def gvk(self) -> tuple[str, str, str]: ...
+
+
+@runtime_checkable
+class CrossReplicaSyncer(Plugin, Protocol):
+    """Where the replicas of one pool keep the state they share (upstream's `CrossReplicaSyncer`,
+    llm-d/llm-d-router pkg/epp/framework/interface/datalayer/cross_replica_syncer.go, named by
+    `dataLayer.crossReplicaSyncerPluginRef`). Upstream's interface is a per-endpoint key-value store
+    the runtime writes each replica's values to every `crossReplicaSyncInterval`; in epick the service
+    does that writing and reading (its shared state, as `--shared-state` starts it), and the plugin
+    says where: the store's address."""
+
+    @property
+    def address(self) -> str:
+        """The store: a redis://, rediss:// or unix:// URL."""
+        ...

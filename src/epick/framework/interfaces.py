@@ -141,6 +141,29 @@ class Closeable(Plugin, Protocol):
 
 
 @runtime_checkable
+class ReadinessChecker(Plugin, Protocol):
+    """A plugin whose asynchronous start must finish before the service takes traffic (upstream's
+    `ReadinessChecker`, llm-d/llm-d-router pkg/epp/framework/interface/plugin/plugins.go): while
+    `check_ready` names a reason, the readiness probe answers NOT_SERVING and says why. It is asked on
+    every probe, so it reports state the plugin keeps and does no I/O."""
+
+    def check_ready(self) -> str | None:
+        """None when ready; else why not, in words."""
+        ...
+
+
+@runtime_checkable
+class StateDumper(Plugin, Protocol):
+    """A plugin whose runtime state `/debug/plugins/state` shows (upstream's `StateDumper`): small and
+    bounded (long lists capped, with their full length beside), JSON-able, and free of request
+    payloads and credentials."""
+
+    def dump_state(self) -> object:
+        """The state, as JSON-able values (dicts, lists, strings, numbers, booleans, None)."""
+        ...
+
+
+@runtime_checkable
 class RequestHeaderProcessor(Plugin, Protocol):
     """Reads a request's headers first, before admission (upstream's `RequestHeaderProcessor`), and
     publishes what it finds in the cycle state for the plugins after it."""

@@ -9,6 +9,7 @@ from epick.plugins.datalayer import (
     metrics_source,
     models,
     notifications,
+    syncer,
     topology,
 )
 from epick.plugins.datalayer import multicluster as multicluster_datalayer
@@ -119,6 +120,7 @@ def in_tree_plugins() -> list[PluginSpec]:
         notifications.ENDPOINT_SPEC,
         notifications.K8S_SPEC,
         file_discovery.SPEC,
+        syncer.SPEC,
         topology.SPEC,
         topology_affinity_filter.SPEC,
         topology_affinity_scorer.SPEC,

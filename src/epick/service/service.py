@@ -38,7 +38,7 @@ from epick.datalayer.scraper import ScraperPool
 from epick.extproc.health import HealthService
 from epick.extproc.server import ExtProcServer
 from epick.framework.parsing import protocol_mismatch
-from epick.plugins.prefix.redis_index import normalize_address
+from epick.plugins.prefix.redis_index import normalize_address, redacted
 from epick.proxy.server import Proxy
 from epick.requestcontrol.director import Director, close_plugins
 from epick.requestcontrol.metrics import DataLayerErrors, EppMetrics
@@ -46,6 +46,9 @@ from epick.requestcontrol.plugin_metrics import PluginMetrics
 from epick.requestcontrol.tracing import TracedTimer
 from epick.service.leader import LeaderElector
 from epick.service.metrics_server import MetricsAuth, MetricsServer, metrics_tls
+from epick.service.plugin_state import PATH as PLUGIN_STATE_PATH
+from epick.service.plugin_state import not_ready as plugins_not_ready
+from epick.service.plugin_state import state_handler
 from epick.service.profiling import profiling_routes
 from epick.service.rewrites import RewriteSources
 from epick.service.settings import Settings
@@ -60,6 +63,7 @@ __all__ = ["Service"]
 log = logging.getLogger("epick.serve")
 
 UTILIZATION_DETECTOR = "utilization-detector"  # upstream's saturation detector type
+PLUGIN_READINESS_PERIOD_S = 1.0  # how often the plugins' readiness is asked between probes
 RELEASE_TIMEOUT_S = 5.0  # at most this long releasing the leader Lease on stop
 
 
@@ -143,6 +147,7 @@ class Service:
         self.health = HealthService()
         self.health.synced = settings.kubernetes is None
         self.health.leader = None if settings.leader_election is None else False
+        self.health.probe = lambda: plugins_not_ready(self.director.config.plugins)
         self.extproc = (
             ExtProcServer(
                 self.director,
@@ -304,6 +309,7 @@ class Service:
         await self.kv_events.start(sinks_of(self.director.config.plugins.values()))
         await self.catalog.start()
         await self._share_state()  # the other replicas' state before serving
+        self._in_background(self._watch_plugin_readiness(), "plugin readiness")
         if self.proxy is not None:
             await self.proxy.start(proxy_socket)
         if self.extproc is not None:
@@ -313,8 +319,27 @@ class Service:
             await self.metrics_server.start(self.settings.metrics_host, self.settings.metrics_port)
         await self._elect()  # last: a replica that failed to start never holds the Lease
 
+    async def _watch_plugin_readiness(self) -> None:
+        """Ask the plugins whether they are ready every second, so that a change reaches those who
+        watch the health service (and the log) without waiting for a probe."""
+        while True:
+            self.health.refresh()
+            await asyncio.sleep(PLUGIN_READINESS_PERIOD_S)
+
     async def _share_state(self) -> None:
+        """`--shared-state`, or the config's cross-replica syncer (the flag wins where both are given)."""
+        plan = self.director.config.data_layer
         url = self.settings.shared_state
+        if plan.syncer is not None:
+            if url is None:
+                url = plan.syncer.address
+            elif normalize_address(url) != plan.syncer.address:
+                log.warning(
+                    "--shared-state %s is used; the config's crossReplicaSyncerPluginRef (%s, %s) is not",
+                    redacted(normalize_address(url)),
+                    plan.syncer.typed_name,
+                    redacted(plan.syncer.address),
+                )
         if url is None:
             return
         k8s = self.settings.kubernetes
@@ -325,6 +350,7 @@ class Service:
             f"{self.settings.replica_id}/{self.worker_index}",
             lambda: self.director.config,
             local_worker=self.worker_index,
+            interval=plan.sync_interval,
         )
         if self.link is not None:
             self.link.tee = shared.published
@@ -366,7 +392,10 @@ class Service:
             CONTENT_TYPE_LATEST,
             auth=auth,
             tls=metrics_tls(settings.metrics_cert_dir, settings.metrics_client_ca),
-            routes=profiling_routes() if settings.pprof else None,
+            routes={
+                PLUGIN_STATE_PATH: state_handler(lambda: self.director.config.plugins),
+                **(profiling_routes() if settings.pprof else {}),
+            },
         )
 
     @property

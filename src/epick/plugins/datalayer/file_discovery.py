@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from epick.framework import NamedPlugin, Reads
+from epick.plugins.debug_state import MAX_LISTED, capped
 from epick.plugins.registry import Handle, ParameterError, Parameters, PluginSpec
 
 TYPE = "file-discovery"
@@ -133,14 +134,26 @@ class FileDiscovery(NamedPlugin):
     plugin_type = TYPE
     reads = Reads.NOTHING
     hostnames = False  # whether an address may be a DNS name or an IPv6 address
+    _loaded: list[str]  # the endpoints of the last file read
 
     def parse(self, data: bytes) -> tuple[list[FileEndpoint], list[str]]:
-        return parse_endpoints_file(data, hostnames=self.hostnames)
+        found, errors = parse_endpoints_file(data, hostnames=self.hostnames)
+        self._loaded = [f"{ep.namespace}/{ep.name}" for ep in found]
+        return found, errors
 
     def __init__(self, name: str | None, path: str, watch_file: bool = False) -> None:
         super().__init__(name)
         self.path = path
         self.watch_file = watch_file
+        self._loaded = []
+
+    def dump_state(self) -> object:
+        """The endpoints the file gave at its last read (`/debug/plugins/state`), as upstream's."""
+        return {
+            "endpoints": capped(self._loaded),
+            "totalEndpoints": len(self._loaded),
+            "maxEndpoints": MAX_LISTED,
+        }
 
 
 def _factory(name: str, params: FileDiscoveryParameters, handle: Handle) -> FileDiscovery:

@@ -57,6 +57,7 @@ from epick.framework import (
 )
 from epick.framework.datalayer import data_key
 from epick.framework.metrics import EPICK_PREFIX, MetricSample
+from epick.plugins.debug_state import MAX_LISTED, capped
 from epick.plugins.latency.accuracy import ACCURACY_COUNTERS, Accuracy, LatencyFamilies
 from epick.plugins.latency.learners import GBDT_MISSING, learner_for
 from epick.plugins.latency.parameters import PredictedLatencyParameters
@@ -392,6 +393,25 @@ class PredictedLatencyProducer(NamedPlugin):
                 return
             del contexts[key]
             self._leave(key, ctx)
+
+    def dump_state(self) -> object:
+        """Requests running per endpoint with the tightest TPOT objective among them
+        (`/debug/plugins/state`), as upstream's."""
+        names = capped(self._running)
+        return {
+            "endpoints": [
+                {
+                    "endpoint": n,
+                    "runningRequests": len(self._running[n]),
+                    "minTpotSlo": self._running[n].min_tpot(),
+                }
+                for n in names
+            ],
+            "totalEndpoints": len(self._running),
+            "maxEndpoints": MAX_LISTED,
+            "truncated": len(self._running) > MAX_LISTED,
+            "trackedRequests": len(self._contexts),
+        }
 
     def endpoint_removed(self, name: str) -> None:
         self._running.pop(name, None)

@@ -47,6 +47,7 @@ from epick.framework import (
 from epick.framework.datalayer import data_key
 from epick.framework.replication import Publish
 from epick.framework.request import CHARS_PER_TOKEN
+from epick.plugins.debug_state import MAX_LISTED, capped
 from epick.plugins.prefix.scorer import PrefixMatch, resolve_producer
 from epick.plugins.registry import Handle, Parameters, PluginSpec, producer_for
 
@@ -296,6 +297,20 @@ class InFlightLoadProducer(NamedPlugin):
                 self._publish([name, 0, 0])
 
     # Replicated: every worker's requests in flight, under `epick serve --workers`.
+    def dump_state(self) -> object:
+        """Requests and tokens in flight per endpoint, every worker's under `--workers`
+        (`/debug/plugins/state`), as upstream's."""
+        view = self._view
+        return {
+            "endpoints": [
+                {"endpoint": n, "requests": view[n].requests, "tokens": view[n].tokens} for n in capped(view)
+            ],
+            "totalEndpoints": len(view),
+            "maxEndpoints": MAX_LISTED,
+            "truncated": len(view) > MAX_LISTED,
+            "trackedRequests": len(self._flights),
+        }
+
     def replicate(self, publish: Publish | None, worker: int) -> None:
         self._publish, self._worker = publish, worker
         if publish is None:

@@ -30,6 +30,7 @@ from pydantic import AliasChoices, Field
 
 from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads, SchedulingResult
 from epick.framework.datalayer import data_key
+from epick.plugins.debug_state import MAX_LISTED, capped
 from epick.plugins.multimodal.items import MediaItem, media_items
 from epick.plugins.registry import Handle, Parameters, PluginSpec
 
@@ -110,6 +111,15 @@ class MMEmbeddingsCacheProducer(NamedPlugin):
             cache.move_to_end(item.hash)
         while len(cache) > self.capacity:
             cache.popitem(last=False)
+
+    def dump_state(self) -> object:
+        """Items cached per endpoint (`/debug/plugins/state`), as upstream's encoder-cache dump."""
+        names = capped(self.caches)
+        return {
+            "pods": [{"pod": n, "items": len(self.caches[n])} for n in names],
+            "totalPods": len(self.caches),
+            "maxPods": MAX_LISTED,
+        }
 
     def endpoint_removed(self, name: str) -> None:
         self.caches.pop(name, None)

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from epick.framework.replication import Publish
+from epick.plugins.debug_state import MAX_LISTED, capped
 
 
 class PrefixIndex:
@@ -132,6 +133,15 @@ class SharedIndex:
 
     def restore(self, snapshot: object) -> None:
         self.index.restore(snapshot)
+
+    def dump_state(self) -> object:
+        """Blocks indexed per endpoint (`/debug/plugins/state`), as upstream's approximate producer."""
+        endpoints = self.index.endpoints()
+        return {
+            "pods": [{"pod": e, "blocks": self.index.blocks(e)} for e in capped(endpoints)],
+            "totalPods": len(endpoints),
+            "maxPods": MAX_LISTED,
+        }
 
     def worker_left(self, worker: int) -> None:
         """What a worker recorded stays: the blocks are on the endpoints, not in the worker."""

@@ -69,11 +69,10 @@ from epick.kvcache import (
 from epick.kvcache.index import Entry, longest_prefix_scores
 from epick.kvcache.keys import BlockKeys
 from epick.kvcache.upstream_keys import UpstreamTokenProcessor
+from epick.plugins.debug_state import MAX_LISTED, capped
 from epick.plugins.prefix.precise_parameters import PreciseParameters
 from epick.plugins.prefix.producer import match_key, recording_targets
-from epick.plugins.prefix.redis_index import (
-    SharedBlockIndex,
-)
+from epick.plugins.prefix.redis_index import SharedBlockIndex, redacted
 from epick.plugins.prefix.scorer import PrefixMatch
 from epick.plugins.registry import Handle, ParameterError, PluginSpec
 
@@ -155,6 +154,25 @@ class PrecisePrefixCacheProducer(NamedPlugin):
         yield MetricSample(
             f"{EPICK_PREFIX}_kv_cache_index_keys", "Block keys in the index.", "gauge", float(len(self.index))
         )
+
+    def dump_state(self) -> object:
+        """`/debug/plugins/state`: upstream's fields (no subscribers: the service subscribes to the
+        KV events here, not the plugin), then the index and how many requests came without tokens."""
+        speculative = [endpoint for _, _, endpoint in self._speculative]
+        index = self.index
+        return {
+            "speculativeIndexing": self.speculative,
+            "speculativeEntries": capped(set(speculative)),
+            "totalSpeculativeEntries": len(speculative),
+            "maxSpeculativeEntries": MAX_LISTED,
+            "blockSizeTokens": self.block_size,
+            "index": (
+                {"backend": "redis", "address": redacted(index.address), "up": not index.down}
+                if isinstance(index, SharedBlockIndex)
+                else {"backend": "memory", "keys": len(index)}
+            ),
+            "requestsWithoutTokens": self.without_tokens,
+        }
 
     def shared_index_samples(self) -> Iterator[MetricSample]:
         """With a shared index: its lookups, the decisions made on the local index instead, and the

@@ -30,6 +30,7 @@ from epick.framework import (
     state_key,
 )
 from epick.framework.replication import Publish
+from epick.plugins.debug_state import MAX_LISTED
 from epick.plugins.prefix.scorer import TYPE as PREFIX_TYPE
 from epick.plugins.prefix.scorer import find_prefix_match, resolve_producer
 from epick.plugins.registry import Handle, Parameters, PluginSpec
@@ -122,6 +123,11 @@ class NoHitLruScorer(NamedPlugin):
             self._lru.popitem(last=False)
 
     # Replicated: under `epick serve --workers`, one LRU order of every worker's cold requests.
+    def dump_state(self) -> object:
+        """The endpoints in LRU order, least recent first (`/debug/plugins/state`), as upstream's."""
+        order = list(self._lru)
+        return {"endpoints": order[:MAX_LISTED], "totalEndpoints": len(order), "maxEndpoints": MAX_LISTED}
+
     def replicate(self, publish: Publish | None, worker: int) -> None:
         self._publish = publish
 

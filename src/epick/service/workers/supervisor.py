@@ -17,10 +17,12 @@ from typing import Any
 
 import aiohttp
 import msgpack
+from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
 from epick.datalayer.discovery.kubernetes.client import load_client
 from epick.service.metrics_server import MetricsAuth, MetricsServer, metrics_tls
+from epick.service.plugin_state import PATH as PLUGIN_STATE_PATH
 from epick.service.settings import Settings
 from epick.service.workers.frames import UPDATES, frame, read_frame, read_raw_frame
 from epick.service.workers.merge import MergedPages
@@ -250,9 +252,31 @@ class Supervisor:
             "text/plain; version=0.0.4",
             auth=auth,
             tls=metrics_tls(settings.metrics_cert_dir, settings.metrics_client_ca),
+            routes={PLUGIN_STATE_PATH: self._plugin_states},
         )
         assert self.metrics_port is not None
         await self._metrics.start(self.metrics_host, self.metrics_port)
+
+    async def _plugin_states(self, request: web.Request) -> web.StreamResponse:
+        """`/debug/plugins/state` of every worker: the first answering worker's page, and under
+        `workers` each worker's plugins (a worker that does not answer: its error)."""
+        page: dict[str, Any] = {}
+        workers: list[dict[str, Any]] = []
+        timeout = aiohttp.ClientTimeout(total=5)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            for worker in self.workers:
+                if not worker.metrics_port:
+                    continue
+                url = f"http://127.0.0.1:{worker.metrics_port}{PLUGIN_STATE_PATH}"
+                try:
+                    async with session.get(url) as r:
+                        answer = await r.json()
+                except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+                    workers.append({"worker": worker.index, "error": f"{type(e).__name__}: {e}"})
+                    continue
+                page = page or answer
+                workers.append({"worker": worker.index, "plugins": answer.get("plugins", {})})
+        return web.json_response({**page, "workers": workers})
 
     async def _metrics_page(self) -> bytes:
         pages: list[str] = []
