@@ -68,7 +68,8 @@ def test_backend_chosen_as_upstream_chooses_it() -> None:
     assert backend({}) == "estimate"
     assert backend({"modelName": "m"}) == "vllm"
     assert backend({"vllm": {"http": "http://h:8000"}}) == "vllm"
-    assert backend({"modelName": "m", "udsTokenizerConfig": {"socketFile": "/tmp/s"}}) == "local"
+    assert backend({"modelName": "m", "udsTokenizerConfig": {"socketFile": "/tmp/s"}}) == "uds"
+    assert backend({"modelName": "m", "udsTokenizerConfig": {}}) == "vllm"  # no socket: not the sidecar
     assert backend({"local": {"path": "/models/m"}}) == "local"
     assert TokenProducerParameters.model_validate({"vllm": {"http": "http://h:1"}}).vllm.url == "http://h:1"  # type: ignore[union-attr]
 

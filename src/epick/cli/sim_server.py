@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import sys
+from collections.abc import Callable
 
 import uvloop
 
@@ -15,6 +17,7 @@ from epick.sim.engine.profiles import DEFAULT_PROFILE, PROFILES
 from epick.sim.errors import FAILURE_TYPES
 from epick.sim.options import KV_EVENTS_ENCODINGS, ServerOptions
 from epick.sim.server import SimServer, serve
+from epick.sim.uds_tokenizer import TokenizerSidecar
 
 
 def _probability(text: str) -> float:
@@ -123,6 +126,12 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
         "--default-max-tokens", type=int, default=128, help="output length when max_tokens is unset"
     )
     p.add_argument("--seed", type=int, default=0, help="seed for failure and latency-spike injection")
+    p.add_argument(
+        "--uds-tokenizer",
+        metavar="SOCKET",
+        help="also serve llm-d's tokenizer sidecar (gRPC tokenization.TokenizationService) on this Unix "
+        "socket, with the servers' tokenizer (an EPP's udsTokenizerConfig.socketFile)",
+    )
 
 
 def options_from(args: argparse.Namespace) -> ServerOptions:
@@ -185,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
 
     with contextlib.suppress(KeyboardInterrupt):
         try:
-            uvloop.run(serve(options, ready=ready))
+            uvloop.run(_serve(options, args.uds_tokenizer, ready))
         except OSError as e:
             print(f"epick sim-server: cannot listen: {e}", file=sys.stderr)
             return 2
@@ -193,3 +202,19 @@ def run(args: argparse.Namespace) -> int:
             print(f"epick sim-server: {e}", file=sys.stderr)
             return 2
     return 0
+
+
+async def _serve(
+    options: ServerOptions, sidecar_socket: str | None, ready: Callable[[list[SimServer]], None]
+) -> None:
+    """The servers, and the tokenizer sidecar beside them when asked."""
+    sidecar = None
+    if sidecar_socket:
+        sidecar = TokenizerSidecar(tokenizing.load(options.tokenizer), sidecar_socket)
+        await sidecar.start()
+        print(f"tokenizer sidecar serving at unix://{os.path.abspath(sidecar_socket)}", flush=True)
+    try:
+        await serve(options, ready=ready)
+    finally:
+        if sidecar is not None:
+            await sidecar.stop()

@@ -53,7 +53,7 @@ from epick.framework.results import (
 )
 from epick.framework.scheduler import Scheduler
 from epick.framework.snapshot import Snapshot
-from epick.framework.tokens import RemoteTokenizer, TokenizeCall, TokenizedPrompt
+from epick.framework.tokens import InitializedTokenizer, RemoteTokenizer, TokenizeCall, TokenizedPrompt
 from epick.framework.trace import ScheduleTrace
 
 __all__ = [
@@ -73,6 +73,7 @@ __all__ = [
     "ExportsMetrics",
     "Filter",
     "InferenceRequest",
+    "InitializedTokenizer",
     "MetricSample",
     "Metrics",
     "NamedPlugin",

@@ -255,6 +255,7 @@ class Service:
         if dropped:
             self._in_background(close_plugins(dropped), "closing the plugins a reload dropped")
         self._check_protocol()
+        self._initialize_tokenizers(fresh)
         self.scrapers.set_plan(fresh.data_layer)
         self._reload_discovery(fresh)
         self._in_background(self.kv_events.set_sinks(sinks_of(fresh.plugins.values())), "KV events reload")
@@ -310,6 +311,7 @@ class Service:
         await self.catalog.start()
         await self._share_state()  # the other replicas' state before serving
         self._in_background(self._watch_plugin_readiness(), "plugin readiness")
+        self._initialize_tokenizers(self.director.config)
         if self.proxy is not None:
             await self.proxy.start(proxy_socket)
         if self.extproc is not None:
@@ -318,6 +320,13 @@ class Service:
             self.metrics_server = self._metrics_server()
             await self.metrics_server.start(self.settings.metrics_host, self.settings.metrics_port)
         await self._elect()  # last: a replica that failed to start never holds the Lease
+
+    def _initialize_tokenizers(self, config: LoadedConfig) -> None:
+        """Tokenizers that must be initialized first (llm-d's tokenizer sidecar) are, in the
+        background; until they are, they keep readiness off."""
+        self._in_background(
+            self.director.tokenization.prepare(config.plugins.values()), "tokenizer initialization"
+        )
 
     async def _watch_plugin_readiness(self) -> None:
         """Ask the plugins whether they are ready every second, so that a change reaches those who

@@ -14,6 +14,7 @@ from epick.kvcache import DEFAULT_TIER_WEIGHTS, KVEventsSettings
 from epick.plugins.duration import Duration
 from epick.plugins.prefix.redis_index import DEFAULT_ADDRESS, DEFAULT_LOOKUP_TIMEOUT, normalize_address
 from epick.plugins.registry import Parameters
+from epick.plugins.tokens.uds import UDSParameters
 
 BYTES_PER_INDEX_KEY = 200  # measured: benchmarks/bench_precise.py (186 MiB per million keys)
 
@@ -103,10 +104,28 @@ class BackendWeight(Parameters):
     weight: float = Field(ge=0.0)
 
 
+class TokenizersPoolParameters(Parameters):
+    """The deprecated scorer's own tokenizer (llm-d-kv-cache pkg/tokenization `Config`): the sidecar
+    at `uds`, else (epick's) the model's files. `workersCount` sizes upstream's pool of goroutines;
+    epick's calls are asynchronous and need none. `local` and `hf` are llm-d-kv-cache v0.5's
+    backends (removed upstream, which now refuses them): accepted, and `hf.tokenizersCacheDir` is
+    searched for the model's files."""
+
+    model_name: str = ""
+    workers_count: int = Field(default=0, ge=0)
+    uds: UDSParameters | None = None
+    local: dict[str, Any] | None = None
+    hf: dict[str, Any] | None = None
+
+    def search_dirs(self) -> list[str]:
+        cache = (self.hf or {}).get("tokenizersCacheDir")
+        return [cache] if isinstance(cache, str) and cache else []
+
+
 class IndexerParameters(Parameters):
     kv_block_index_config: KVBlockIndexParameters = Field(default_factory=KVBlockIndexParameters)
     kv_cache_backend_configs: list[BackendWeight] | None = None
-    tokenizers_pool_config: dict[str, Any] | None = None  # the deprecated scorer's own tokenizer
+    tokenizers_pool_config: TokenizersPoolParameters | None = None  # the deprecated scorer's own
     token_processor_config: TokenProcessorParameters | None = None  # where older releases had it
 
 

@@ -6,16 +6,19 @@ It takes the producer's parameters. When the config already has a `precise-prefi
 it scores from that producer's match; otherwise it keeps an index of its own, as the producer would.
 Score = blocks matched (tier-weighted, whole blocks) / prompt blocks, 0 without tokens or a match.
 Its tokens come from the config's token producer; the older `indexerConfig.tokenizersPoolConfig`
-(`modelName`) gives it a tokenizer of its own instead, used when a request has no tokens yet (epick
-loads that model's tokenizer files as `token-producer`'s `local` backend finds them).
+(`modelName`) gives it a tokenizer of its own instead, used when a request has no tokens yet: the
+tokenizer sidecar at `uds.socketFile` (as `token-producer`'s `udsTokenizerConfig`; the scorer is then
+a remote tokenizer, initialized first and not ready until then), else the model's tokenizer files as
+`token-producer`'s `local` backend finds them (epick's).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-from epick.framework import CycleState, Endpoint, InferenceRequest, Plugin, Reads
+from epick.framework import CycleState, Endpoint, InferenceRequest, Plugin, Reads, TokenizeCall
 from epick.plugins.prefix.precise import (
     TOKENS_TYPE,
     PrecisePrefixCacheProducer,
@@ -28,7 +31,7 @@ from epick.plugins.prefix.precise_parameters import PreciseParameters
 from epick.plugins.prefix.producer import match_key
 from epick.plugins.prefix.scorer import PrefixMatch
 from epick.plugins.registry import Handle, ParameterError, PluginSpec
-from epick.plugins.tokens.producer import TokenProducer
+from epick.plugins.tokens.producer import TokenProducer, uds_producer
 
 TYPE = "precise-prefix-cache-scorer"
 
@@ -60,6 +63,29 @@ class PrecisePrefixCacheScorer(PrecisePrefixCacheProducer):
             self.own_tokenizer.produce(request, cycle_state, endpoints)
         super().produce(request, cycle_state, endpoints)
 
+    # RemoteTokenizer, InitializedTokenizer, ReadinessChecker: its own tokenizer's, when it has one
+    # that asks a sidecar (`tokenizersPoolConfig.uds`).
+    @property
+    def remote(self) -> bool:
+        return self.own_tokenizer is not None and self.own_tokenizer.remote
+
+    def tokenize_call(self, request: InferenceRequest) -> TokenizeCall | None:
+        return self.own_tokenizer.tokenize_call(request) if self.own_tokenizer is not None else None
+
+    def tokenized(self, request: InferenceRequest, answers: Sequence[Mapping[str, Any]]) -> None:
+        if self.own_tokenizer is not None:
+            self.own_tokenizer.tokenized(request, answers)
+
+    def initialize_call(self) -> TokenizeCall | None:
+        return self.own_tokenizer.initialize_call() if self.own_tokenizer is not None else None
+
+    def initialized(self, answers: Sequence[Mapping[str, Any]] | None, error: str | None) -> None:
+        if self.own_tokenizer is not None:
+            self.own_tokenizer.initialized(answers, error)
+
+    def check_ready(self) -> str | None:
+        return self.own_tokenizer.check_ready() if self.own_tokenizer is not None else None
+
     def score(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
     ) -> list[float]:
@@ -82,18 +108,30 @@ def _existing_producer(handle: Handle) -> str | None:
     return plugin.typed_name.name if plugin.typed_name.type == PRODUCER_TYPE else None
 
 
-def _factory(name: str, params: PreciseParameters, handle: Handle) -> PrecisePrefixCacheScorer:
+def _own_tokenizer(name: str, params: PreciseParameters) -> TokenProducer | None:
+    """`indexerConfig.tokenizersPoolConfig`'s tokenizer: its `uds` sidecar, else the model's files."""
     pool = params.indexer_config.tokenizers_pool_config
-    tokenizer = None
-    if pool is not None:
-        model = pool.get("modelName")
-        if not isinstance(model, str) or not model:
-            raise ParameterError(
-                "indexerConfig.tokenizersPoolConfig.modelName", "tokenizersPoolConfig needs modelName"
-            )
-        tokenizer = TokenProducer(
-            f"{name}-tokenizer", backend="local", tokenizer_source=model, model_name=model
-        )
+    if pool is None:
+        return None
+    where = "indexerConfig.tokenizersPoolConfig"
+    if not pool.model_name:
+        raise ParameterError(f"{where}.modelName", "tokenizersPoolConfig needs modelName")
+    if pool.uds is not None and pool.uds.socket_file:
+        try:
+            return uds_producer(f"{name}-tokenizer", pool.model_name, pool.uds, where=f"{where}.uds")
+        except ParameterError as e:
+            raise ParameterError(f"{where}.{e.parameter}", str(e), e.fix) from None
+    return TokenProducer(
+        f"{name}-tokenizer",
+        backend="local",
+        tokenizer_source=pool.model_name,
+        search=pool.search_dirs(),
+        model_name=pool.model_name,
+    )
+
+
+def _factory(name: str, params: PreciseParameters, handle: Handle) -> PrecisePrefixCacheScorer:
+    tokenizer = _own_tokenizer(name, params)
     producer = _existing_producer(handle)
     if params.shared_index() is None or producer is not None:
         return PrecisePrefixCacheScorer(

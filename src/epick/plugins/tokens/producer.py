@@ -3,6 +3,10 @@ set on the request body for every plugin that reads them (llm-d/llm-d-router,
 pkg/epp/framework/plugins/requestcontrol/dataproducer/tokenizer).
 
 Backends, as upstream chooses them: `udsTokenizerConfig`, else `vllm` or `modelName`, else `estimate`.
+- `udsTokenizerConfig` (`socketFile`; `useTCP`, host:port for tests; `modelTokenizerMap`): llm-d's
+  tokenizer sidecar, gRPC on a Unix socket (`epick.plugins.tokens.uds`). The producer is not ready
+  (readiness is NOT_SERVING, saying why) until the sidecar has answered `InitializeTokenizer` for
+  `modelName`; it is asked again, after 1, 2, 3, 4, then every 5 seconds, until it does.
 - `vllm` (`url`, default http://localhost:8000; llm-d-inference-scheduler's older name `http`;
   `timeout`, 5s): the model server, or llm-d's render sidecar (`vllm launch render`), tokenizes. The
   request-control layer asks its `/v1/chat/completions/render` for a chat, `/v1/completions/render`
@@ -18,10 +22,11 @@ Tokens the client sent (a completion of token ids, a generate call) are used as 
 rules stand: a producer that cannot tokenize fails, the producers after it are skipped, and the
 request is scheduled without tokens; a request already tokenized only gets its cache salt.
 
-Deviations, on purpose: with `udsTokenizerConfig` (llm-d's tokenizer sidecar) epick tokenizes in
-process with the model's files found as `local` finds them (the sidecar runs the same Hugging Face
-tokenizer); where the render endpoints answer 404, epick falls back to `/tokenize` (older vLLM),
-where upstream's vLLM backend fails.
+Deviations, on purpose: `modelName` with `udsTokenizerConfig` is the sidecar's configuration, as
+upstream's docs and llm-d's guides write it (llm-d-router ebab687's factory refuses the pair, taking
+`modelName` for the vLLM backend); where the sidecar is not initialized the process still starts,
+not ready, where upstream's fails after five tries; where the render endpoints answer 404, epick
+falls back to `/tokenize` (older vLLM), where upstream's vLLM backend fails.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from epick.framework import (
 )
 from epick.plugins.duration import Duration
 from epick.plugins.registry import Handle, ParameterError, Parameters, PluginSpec
+from epick.plugins.tokens import uds
 from epick.plugins.tokens.backends import (
     EstimateBackend,
     LocalBackend,
@@ -50,6 +56,7 @@ from epick.plugins.tokens.backends import (
     tokenize_payloads,
     tokens_of_answer,
 )
+from epick.plugins.tokens.uds import UDSParameters
 from epick.tokenization import Tokenizer, TokenizerNotFoundError, load
 
 TYPE = "token-producer"
@@ -62,12 +69,6 @@ class VLLMParameters(Parameters):
     url: str = Field(default="http://localhost:8000", validation_alias=AliasChoices("url", "http"))
     timeout: Duration = 5.0
     mm_timeout: Duration = 30.0
-
-
-class UDSParameters(Parameters):
-    socket_file: str = ""
-    use_tcp: bool = Field(default=False, alias="useTCP")
-    model_tokenizer_map: dict[str, str] = Field(default_factory=dict)
 
 
 class LocalParameters(Parameters):
@@ -86,7 +87,7 @@ class TokenProducerParameters(Parameters):
         if self.local is not None:
             return "local"
         if self.uds_tokenizer_config is not None and self.uds_tokenizer_config.socket_file:
-            return "local"
+            return "uds"
         if self.vllm is not None or self.model_name:
             return "vllm"
         return "estimate"
@@ -107,12 +108,16 @@ class TokenProducer(NamedPlugin):
         model_name: str = "",
         url: str = "http://localhost:8000",
         timeout: float = 5.0,
+        sidecar_model: str = "",
     ) -> None:
         super().__init__(name)
         self.backend = backend
         self.model_name = model_name
-        self.url = url.rstrip("/")
+        self.url = url.rstrip("/")  # the vLLM server's; with `uds`, the sidecar's gRPC target
         self.timeout = timeout
+        self.sidecar_model = sidecar_model or model_name  # the name the sidecar knows the tokenizer by
+        self._initialized = backend != "uds"
+        self._not_initialized = "not asked yet"
         self._tokenizer_source = tokenizer_source
         self._search = tuple(search)
         self._local: LocalBackend | None = LocalBackend(tokenizer) if tokenizer is not None else None
@@ -158,14 +163,18 @@ class TokenProducer(NamedPlugin):
         if tokenized.token_count:
             body.set_tokenized(tokenized)
 
-    # RemoteTokenizer: what the request-control layer asks the model server.
+    # RemoteTokenizer: what the request-control layer asks the model server (or the sidecar).
     @property
     def remote(self) -> bool:
-        return self.backend == "vllm"
+        return self.backend in ("vllm", "uds")
 
     def tokenize_call(self, request: InferenceRequest) -> TokenizeCall | None:
-        if self.backend != "vllm" or request.body.tokenized is not None or given_tokens(request) is not None:
+        if not self.remote or request.body.tokenized is not None or given_tokens(request) is not None:
             return None
+        if self.backend == "uds":
+            if request.body.kind in ("chat", "messages"):
+                return uds.chat_call(request, self.sidecar_model, self.url)
+            return uds.completion_call(request, self.sidecar_model, self.url)
         model = self.model_name or request.target_model
         payloads = tokenize_payloads(request, model)
         tokenize = TokenizeCall(f"{self.url}/tokenize", payloads, self.timeout)
@@ -177,27 +186,72 @@ class TokenProducer(NamedPlugin):
         if sum(len(p) for p in prompts):
             request.body.set_tokenized(TokenizedPrompt(prompts, request.body.cache_salt))
 
+    # InitializedTokenizer and ReadinessChecker: the sidecar loads the model's tokenizer first.
+    def initialize_call(self) -> TokenizeCall | None:
+        return None if self._initialized else uds.initialize_call(self.sidecar_model, self.url)
+
+    def initialized(self, answers: Sequence[Mapping[str, Any]] | None, error: str | None) -> None:
+        if error is None:
+            self._initialized = True
+            log.info(
+                "%s: the tokenizer sidecar at %s is ready for %s",
+                self.typed_name,
+                self.url,
+                self.sidecar_model,
+            )
+        else:
+            self._not_initialized = error
+
+    def check_ready(self) -> str | None:
+        if self._initialized:
+            return None
+        return (
+            f"the tokenizer sidecar at {self.url} has not initialized {self.sidecar_model!r} "
+            f"(last answer: {self._not_initialized})"
+        )
+
 
 def _factory(name: str, params: TokenProducerParameters, handle: Handle) -> TokenProducer:
     backend = params.backend()
+    if backend == "uds":
+        return uds_producer(name, params.model_name, params.uds_tokenizer_config or UDSParameters())
     if backend != "local":
         v = params.vllm or VLLMParameters()
         return TokenProducer(
             name, backend=backend, model_name=params.model_name, url=v.url, timeout=v.timeout
         )
     local = params.local or LocalParameters()
-    uds = params.uds_tokenizer_config
     source = local.path or params.model_name
-    if uds is not None and not local.path:
-        source = uds.model_tokenizer_map.get(params.model_name, source)
-        log.warning(
-            "%s: udsTokenizerConfig: epick tokenizes in process with the tokenizer files of %r "
-            "(the sidecar at %s is not used)", name, source, uds.socket_file,
-        )  # fmt: skip
     if not source:
         raise ParameterError("local.path", "the local backend needs local.path or modelName")
     return TokenProducer(
         name, backend="local", tokenizer_source=source, search=local.dirs, model_name=params.model_name
+    )
+
+
+def uds_producer(
+    name: str, model: str, config: UDSParameters, where: str = "udsTokenizerConfig"
+) -> TokenProducer:
+    """A producer asking the tokenizer sidecar `config` names for `model`'s tokens."""
+    if not model:
+        raise ParameterError(
+            "modelName", "'modelName' must be specified", "name the model the sidecar tokenizes for"
+        )
+    try:
+        sidecar_model = uds.tokenizer_name(model, config.model_tokenizer_map)
+    except KeyError:
+        raise ParameterError(
+            f"{where}.modelTokenizerMap",
+            f"tokenizer for model {model!r} not found",
+            "add the model to the map",
+        ) from None
+    return TokenProducer(
+        name,
+        backend="uds",
+        model_name=model,
+        url=uds.target(config.socket_file, config.use_tcp),
+        timeout=uds.TEXT_TIMEOUT,
+        sidecar_model=sidecar_model,
     )
 
 
