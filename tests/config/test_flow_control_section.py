@@ -208,3 +208,20 @@ def test_enable_eviction_brings_upstreams_victim_filter_and_order() -> None:
 
 def test_a_gate_turned_off_explicitly() -> None:
     assert load("featureGates: ['flowControl=false']\n").flow_control is None
+
+
+def test_a_band_may_set_its_own_request_ttl() -> None:
+    """llm-d-router #2649: `priorityBands[].defaultRequestTTL` (and the band templates'); unset, the
+    global one applies; a negative one is refused."""
+    s = flow(
+        "flowControl:\n  defaultRequestTTL: 300s\n  priorityBands:\n"
+        "  - {priority: 10, defaultRequestTTL: 5s}\n  - {priority: -10, defaultRequestTTL: 0s}\n"
+        "  - {priority: 1}\n  defaultPriorityBand: {defaultRequestTTL: 30s}\n"
+    )
+    assert s.default_request_ttl == 300.0
+    assert s.bands[10].default_request_ttl == 5.0
+    assert s.bands[-10].default_request_ttl == 0.0
+    assert s.bands[1].default_request_ttl is None
+    assert s.template_for(7).default_request_ttl == 30.0  # a band provisioned from the template
+    found = dict(issues("flowControl:\n  priorityBands:\n  - {priority: 1, defaultRequestTTL: -5s}\n"))
+    assert "flowControl.priorityBands[0].defaultRequestTTL" in found

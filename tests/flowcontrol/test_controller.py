@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from epick.flowcontrol import BandSettings, FlowController, FlowControlSettings, FlowItem, Outcome
 from epick.framework import Endpoint, NamedPlugin
-from epick.framework.flowcontrol import FlowQueue, PriorityBand, QueueItem
+from epick.framework.flowcontrol import TTL_HEADER, FlowQueue, PriorityBand, QueueItem, requested_ttl
 from tests.builders import make_endpoint, make_request
 
 
@@ -99,13 +99,14 @@ POOL = [make_endpoint("a"), make_endpoint("b")]
 
 
 def settings_for(*bands: int, fairness: Any = None, usage: Any = None, **kwargs: Any) -> FlowControlSettings:
-    """Bands 0 and `bands`; `band_<priority>_<field>=value` sets a band's limit, the rest go to the
-    settings."""
+    """Bands 0 and `bands`; `band_<priority>_<field>=value` sets a band's field (`m` for a minus
+    sign), the rest go to the settings."""
     ordering, fair = Fcfs(), fairness or Strict()
     configured = {p: BandSettings(p, ordering, fair) for p in (0, *bands)}
     for key in [k for k in kwargs if k.startswith("band_") and k != "band_gc_timeout"]:
-        _, priority, field = key.split("_", 2)
-        configured[int(priority)] = dataclasses.replace(configured[int(priority)], **{field: kwargs.pop(key)})
+        _, named, field = key.split("_", 2)
+        priority = int(named.replace("m", "-"))  # band_m10_...: priority -10
+        configured[priority] = dataclasses.replace(configured[priority], **{field: kwargs.pop(key)})
     return FlowControlSettings(
         bands=configured,
         default_band=BandSettings(0, ordering, fair),
@@ -121,8 +122,13 @@ class Harness:
         self.fc = FlowController(settings, self.dial, clock=self.clock)
         self.outcomes: list[tuple[str, Outcome]] = []
 
-    def submit(self, rid: str, priority: int = 0, flow: str = "t", size: int = 10) -> FlowItem:
-        request = dataclasses.replace(make_request(request_id=rid), priority=priority, size=size)
+    def submit(
+        self, rid: str, priority: int = 0, flow: str = "t", size: int = 10, ttl_header: str | None = None
+    ) -> FlowItem:
+        headers = {TTL_HEADER: ttl_header} if ttl_header is not None else {}
+        request = dataclasses.replace(
+            make_request(request_id=rid, headers=headers), priority=priority, size=size
+        )
 
         def done(item: FlowItem) -> None:
             assert item.outcome is not None
@@ -222,6 +228,58 @@ def test_ttl_expiry_is_exact_and_oldest_first() -> None:
     assert h.fc.sweep() is None
     assert [o for _, o in h.outcomes] == [Outcome.EVICTED_TTL] * 2
     assert h.fc.queued == 0
+
+
+def test_a_bands_ttl_replaces_the_global_one_and_the_header_only_shortens() -> None:
+    """llm-d-router #2649: band `defaultRequestTTL` replaces the global value (0s: unbounded); a
+    positive `x-llm-d-inference-ttl` shortens the bound, and sets one where the band has none."""
+    h = Harness(
+        settings_for(
+            10,
+            -10,
+            default_request_ttl=60.0,
+            band_10_default_request_ttl=5.0,
+            band_m10_default_request_ttl=0.0,
+        )
+    )
+    h.fc.dispatch_once(POOL)  # endpoints, saturated
+    assert h.submit("fast", priority=10).ttl == 5.0
+    assert h.submit("patient", priority=-10).ttl == 0.0
+    assert h.submit("global").ttl == 60.0
+    assert h.submit("asks-less", ttl_header="2s").ttl == 2.0
+    assert h.submit("asks-more", priority=10, ttl_header="30s").ttl == 5.0  # cannot extend
+    assert h.submit("bounded", priority=-10, ttl_header="1500ms").ttl == 1.5
+    for ignored in ("5", "-1s", "0s", "soon", ""):
+        assert h.submit(f"ignored {ignored!r}", ttl_header=ignored).ttl == 60.0
+    h.clock.now += 1.5
+    h.fc.sweep()
+    assert h.outcomes == [("bounded", Outcome.EVICTED_TTL)]
+    h.clock.now += 3.5
+    h.fc.sweep()
+    assert sorted(r for r, _ in h.outcomes) == ["asks-less", "asks-more", "bounded", "fast"]
+    h.clock.now += 1e5
+    h.fc.sweep()
+    assert h.fc.queued == 1 and "patient" not in {r for r, _ in h.outcomes}
+
+
+def test_the_header_does_not_shorten_the_wait_for_endpoints() -> None:
+    h = Harness(settings_for(default_request_ttl=60.0, no_endpoint_request_ttl=30.0))
+    h.fc.dispatch_once([])  # no endpoints: noEndpointRequestTTL governs
+    h.submit("r1", ttl_header="2s")
+    h.clock.now += 10
+    h.fc.sweep()
+    assert h.outcomes == []
+    h.fc.dispatch_once(POOL)  # endpoints appear: its own 2 s bound, from now
+    assert h.fc.sweep() == h.clock.now + 2.0
+
+
+def test_the_ttl_header_is_a_go_duration() -> None:
+    assert requested_ttl({TTL_HEADER: " 2s "}) == 2.0
+    assert requested_ttl({TTL_HEADER: "1m30s"}) == 90.0
+    assert requested_ttl({TTL_HEADER: "+250ms"}) == 0.25
+    for bad in ("2", "2 s", "s", "-2s", "0", "0s", "2sec", ""):
+        assert requested_ttl({TTL_HEADER: bad}) is None, bad
+    assert requested_ttl({}) is None
 
 
 def test_zero_ttl_never_expires() -> None:

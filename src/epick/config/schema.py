@@ -107,14 +107,16 @@ class SaturationDetectorSection(_Strict):
 
 
 class PriorityBandSection(_Strict):
-    """One priority band: its limits (0 or omitted: upstream's defaults, 5000 requests and 1 GB) and
-    its policies (omitted: fcfs-ordering-policy and global-strict-fairness-policy)."""
+    """One priority band: its limits (0 or omitted: upstream's defaults, 5000 requests and 1 GB), its
+    policies (omitted: fcfs-ordering-policy and global-strict-fairness-policy) and its queue TTL."""
 
     priority: int = 0
     max_bytes: Quantity | None = Field(default=None, alias="maxBytes")
     max_requests: Quantity | None = Field(default=None, alias="maxRequests")
     fairness_policy_ref: str = Field(default="", alias="fairnessPolicyRef")
     ordering_policy_ref: str = Field(default="", alias="orderingPolicyRef")
+    # The band's queue-wait bound, replacing the global one; "0s": unbounded (llm-d-router #2649).
+    default_request_ttl: Duration | None = Field(default=None, alias="defaultRequestTTL")
 
 
 class FlowControlSection(_Strict):

@@ -11,9 +11,11 @@ Upstream's semantics (llm-d/llm-d-router, pkg/epp/flowcontrol/controller/interna
   saturation reaches stops the cycle (head-of-line blocking: lower bands never overtake it);
   otherwise its fairness policy picks a flow, and that flow's head (by the ordering policy) is
   dispatched. One request per cycle.
-- A request waits at most its budget: `defaultRequestTTL` while the pool has endpoints,
-  `noEndpointRequestTTL` while it has none, each charged from the later of its enqueue time and the
-  last change between the two regimes. Past it, it is evicted (`EvictedTTL` /
+- A request waits at most its budget: while the pool has endpoints, its band's `defaultRequestTTL`
+  (else the global one), shortened by its `x-llm-d-inference-ttl` header (llm-d-router #2649: a
+  positive header also bounds a band whose TTL is 0); while the pool has none,
+  `noEndpointRequestTTL`, which no header shortens. Each is charged from the later of its enqueue
+  time and the last change between the two regimes. Past it, it is evicted (`EvictedTTL` /
   `EvictedNoEndpoints`). A zero budget never expires.
 - `cancel` removes a request whose client went away, at once (`EvictedContextCancelled`).
 - With `enableEviction`, dispatched requests are tracked (`track` / `finished`), and a cycle stopped
@@ -28,6 +30,7 @@ upstream sweeps once a second.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 from collections import OrderedDict
@@ -39,7 +42,7 @@ from epick.flowcontrol.queues import FlowItem
 from epick.flowcontrol.registry import BandStats, Registry
 from epick.flowcontrol.settings import FlowControlSettings
 from epick.framework.endpoint import ROLE_LABEL, Endpoint
-from epick.framework.flowcontrol import DEFAULT_FAIRNESS_ID, EvictionItem, FlowKey
+from epick.framework.flowcontrol import DEFAULT_FAIRNESS_ID, EvictionItem, FlowKey, requested_ttl
 from epick.framework.interfaces import SaturationDetector
 from epick.framework.request import InferenceRequest
 
@@ -95,6 +98,7 @@ class FlowController:
         self._fifo: OrderedDict[int, FlowItem] = OrderedDict()  # queued items, oldest first
         self._empty = False  # whether the pool had no endpoints at the last cycle
         self._regime_since = now
+        self._deadlines: list[tuple[float, int]] = []  # (deadline, seq) while the pool has endpoints
         self._next_gc = now + settings.flow_gc_timeout
         self._running = True
         self.reclamation: Reclamation | None = None
@@ -138,13 +142,19 @@ class FlowController:
         now = self.clock()
         band = self.registry.band_for(request.priority)
         size = request.size if byte_size is None else byte_size
+        ttl = band.settings.default_request_ttl
+        if ttl is None:
+            ttl = self.settings.default_request_ttl
+        asked = requested_ttl(request.headers)
+        if asked is not None and (ttl <= 0 or asked < ttl):
+            ttl = asked
         item = FlowItem(
             request,
             FlowKey(fairness_id or DEFAULT_FAIRNESS_ID, band.priority),
             size,
             now if received_time is None else received_time,
             now,
-            self.settings.default_request_ttl,
+            ttl,
             on_finalize,
         )
         self.observer.submitted(item)
@@ -165,6 +175,8 @@ class FlowController:
         else:
             self.registry.add(band, self.registry.queue_for(band, item.flow_key.id, now), item)
             self._fifo[item.seq] = item
+            if ttl > 0:
+                heapq.heappush(self._deadlines, (max(now, self._regime_since) + ttl, item.seq))
         self.observer.enqueued(item, time.perf_counter() - started)
         return item
 
@@ -184,6 +196,9 @@ class FlowController:
         if empty != self._empty:
             self._empty = empty
             self._regime_since = now
+            if not empty:  # every budget restarts now
+                self._deadlines = [(now + i.ttl, i.seq) for i in self._fifo.values() if i.ttl > 0]
+                heapq.heapify(self._deadlines)
         if not self.registry.len:
             return None
         started = time.perf_counter()
@@ -288,22 +303,38 @@ class FlowController:
             if dropped:
                 self.observer.flows_dropped(dropped)
             self._next_gc = now + self.settings.flow_gc_timeout
-        if self._empty:
-            budget, outcome = self.settings.no_endpoint_request_ttl, Outcome.EVICTED_NO_ENDPOINTS
-            reason = "request timed out in queue and no endpoints are available"
-        else:
-            budget, outcome = self.settings.default_request_ttl, Outcome.EVICTED_TTL
-            reason = "request timed out in queue"
+        fifo = self._fifo
+        if not self._empty:  # each request's own budget: a heap of deadlines, stale entries skipped
+            deadlines = self._deadlines
+            if len(deadlines) > 2 * len(fifo) + 64:  # mostly requests gone: compact
+                deadlines[:] = [entry for entry in deadlines if entry[1] in fifo]
+                heapq.heapify(deadlines)
+            while deadlines:
+                deadline, seq = deadlines[0]
+                item = fifo.get(seq)
+                if item is None:
+                    heapq.heappop(deadlines)
+                    continue
+                if now < deadline:
+                    return deadline
+                heapq.heappop(deadlines)
+                self.registry.remove(item, now)
+                waited = f"waited {now - item.enqueue_time:.3f}s"
+                self._finalize(item, Outcome.EVICTED_TTL, now, f"request timed out in queue ({waited})")
+            return None
+        budget = self.settings.no_endpoint_request_ttl
         if budget <= 0:
             return None
-        fifo = self._fifo
         while fifo:
             item = next(iter(fifo.values()))
             deadline = max(item.enqueue_time, self._regime_since) + budget
             if now < deadline:
                 return deadline
             self.registry.remove(item, now)
-            self._finalize(item, outcome, now, f"{reason} (waited {now - item.enqueue_time:.3f}s)")
+            reason = "request timed out in queue and no endpoints are available"
+            self._finalize(
+                item, Outcome.EVICTED_NO_ENDPOINTS, now, f"{reason} (waited {now - item.enqueue_time:.3f}s)"
+            )
         return None
 
     @property

@@ -34,6 +34,9 @@ class BandSettings:
     fairness: FairnessPolicy
     max_bytes: int = DEFAULT_BAND_MAX_BYTES
     max_requests: int = DEFAULT_BAND_MAX_REQUESTS
+    # The band's own queue-wait bound (seconds; 0: unbounded), replacing the global defaultRequestTTL;
+    # None: the global one (llm-d/llm-d-router #2649).
+    default_request_ttl: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

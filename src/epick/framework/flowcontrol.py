@@ -16,7 +16,8 @@ read from a wall clock, so the same policies run in the fleet simulator's virtua
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -30,6 +31,34 @@ DEFAULT_FAIRNESS_ID = "default-flow"  # upstream's id for a request that names n
 FAIRNESS_HEADERS = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id")  # upstream's, GIE's
 # Where a request-header processor leaves the agent identity it found (the `agent-identity` plugin).
 AGENT_IDENTITY_KEY = data_key("agent-identity", "")
+
+
+# A client's own queue-wait bound (llm-d/llm-d-router #2649): a Go duration ("2s", "1500ms"); it can
+# only shorten the operator's bound. Invalid, zero and negative values are ignored, as upstream's.
+TTL_HEADER = "x-llm-d-inference-ttl"
+_GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def requested_ttl(headers: Mapping[str, str]) -> float | None:
+    """Seconds the request's `x-llm-d-inference-ttl` asks to wait at most; None when absent, not a
+    Go duration, or not positive (time.ParseDuration's syntax: units required, a sign allowed)."""
+    raw = headers.get(TTL_HEADER)
+    if raw is None:
+        return None
+    text = raw.strip()
+    sign = -1.0 if text.startswith("-") else 1.0
+    if text[:1] in ("+", "-"):
+        text = text[1:]
+    pos, seconds = 0, 0.0
+    for m in _GO_DURATION.finditer(text):
+        if m.start() != pos:
+            break
+        seconds += float(m.group(1)) * _GO_UNITS[m.group(2)]
+        pos = m.end()
+    if not text or pos != len(text) or sign * seconds <= 0:
+        return None
+    return seconds
 
 
 def fairness_id(request: InferenceRequest, cycle_state: CycleState | None = None) -> str:

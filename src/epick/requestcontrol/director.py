@@ -32,7 +32,7 @@ from epick.framework import (
     Snapshot,
     new_request_id,
 )
-from epick.framework.flowcontrol import fairness_id
+from epick.framework.flowcontrol import TTL_HEADER, fairness_id
 from epick.requestcontrol import errors
 from epick.requestcontrol.admission import FlowAdmission
 from epick.requestcontrol.cycle import RequestCycle
@@ -64,6 +64,7 @@ CONTROL_HEADERS = frozenset(
         *OBJECTIVE_HEADERS,
         FAIRNESS_HEADER,
         "x-llm-d-inference-fairness-id",
+        TTL_HEADER,
         MODEL_REWRITE_HEADER,
         DESTINATION_HEADER,
         SUBSET_HEADER,

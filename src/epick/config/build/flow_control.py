@@ -113,7 +113,7 @@ def _bands(b: PluginBuilder, section: FlowControlSection, defaults: BandSettings
 def _band(
     b: PluginBuilder, entry: PriorityBandSection, path: str, priority: int, defaults: BandSettings
 ) -> BandSettings | None:
-    """One band: its policies (the flow-control defaults unless it names its own) and limits."""
+    """One band: its policies (the flow-control defaults unless it names its own), limits and TTL."""
     b_ordering: OrderingPolicy | None = defaults.ordering
     b_fairness: FairnessPolicy | None = defaults.fairness
     if entry.ordering_policy_ref:
@@ -133,6 +133,7 @@ def _band(
         b_fairness,
         max_bytes=limits["maxBytes"] or DEFAULT_BAND_MAX_BYTES,
         max_requests=limits["maxRequests"] or DEFAULT_BAND_MAX_REQUESTS,
+        default_request_ttl=entry.default_request_ttl,  # None: the global defaultRequestTTL
     )
 
 
