@@ -621,6 +621,40 @@ def test_a_zero_eviction_ttl_keeps_every_program() -> None:
     assert p.metrics("idle") is None
 
 
+def test_turn_priority_serves_the_deepest_session_until_waiting_outweighs_depth() -> None:
+    """llm-d-router #2116: score = turn number + turnPriorityTimeWeight × head wait (s)."""
+    clock = Clock(0.0)
+    p = program_aware(clock, strategy="turn-priority")  # weight 0.05: 20 s of waiting is one turn
+    for _ in range(3):
+        complete(p, "deep", 10, 10)  # turn 4 next
+    complete(p, "shallow", 10, 10)  # turn 2 next
+    band = band_of(p, queue("deep", [0.0]), queue("shallow", [0.0]))
+    assert p.pick_flow(band, 0.0) is band.flows["deep"]  # 4 against 2
+    waited = band_of(p, queue("deep", [0.0]), queue("shallow", [-41.0]))
+    assert p.pick_flow(waited, 0.0) is waited.flows["shallow"]  # 2 + 0.05 × 41 = 4.05 > 4
+    alone = band_of(p, queue("deep", []), queue("new", [0.0]))
+    assert p.pick_flow(alone, 0.0) is alone.flows["new"]  # the one waiting flow, unscored
+    assert p.attained_service("deep", 0.0) == 0.0  # no service attained under turn-priority
+
+
+def test_turn_priority_restarts_a_dormant_session_at_turn_one() -> None:
+    clock = Clock(0.0)
+    p = program_aware(clock, strategy="turn-priority", turnPriorityInactivitySeconds=120)
+    for _ in range(5):
+        complete(p, "dormant", 1, 1)  # turn 6 next, but idle from t=0
+    complete(p, "fresh", 1, 1)
+    clock.now = 121.0
+    complete(p, "fresh", 1, 1)  # turn 3 next, active
+    band = band_of(p, queue("dormant", [121.0]), queue("fresh", [121.0]))
+    assert p.pick_flow(band, 121.0) is band.flows["fresh"]  # dormant counts as turn 1
+    never = program_aware(Clock(0.0), strategy="turn-priority", turnPriorityInactivitySeconds=0)
+    for _ in range(5):
+        complete(never, "dormant", 1, 1)
+    complete(never, "fresh", 1, 1)
+    band = band_of(never, queue("dormant", [1e6]), queue("fresh", [1e6]))
+    assert never.pick_flow(band, 1e6) is band.flows["dormant"]  # 0: depth is never reset
+
+
 def test_program_aware_parameters() -> None:
     d = ProgramAwareParameters()
     assert (
@@ -645,7 +679,9 @@ def test_program_aware_parameters() -> None:
         ({"lasWeightService": -0.1}, "lasWeightService must be >= 0, got -0.1"),
         ({"lasWeightHeadWait": -1}, "lasWeightHeadWait must be >= 0, got -1"),
         ({"lasHalfLifeSeconds": -1}, "lasHalfLifeSeconds must be >= 0, got -1"),
-        ({"strategy": "wfq"}, 'unknown scoring strategy "wfq": only "las" is supported'),
+        ({"strategy": "wfq"}, 'unknown scoring strategy "wfq": only "las" and "turn-priority" are supported'),
+        ({"turnPriorityTimeWeight": -1}, "turnPriorityTimeWeight must be >= 0, got -1"),
+        ({"turnPriorityInactivitySeconds": -5}, "turnPriorityInactivitySeconds must be >= 0, got -5"),
         ({"lasDecayFactor": 0.99}, "Extra inputs are not permitted"),
     ],
 )

@@ -19,9 +19,15 @@ PreRequest and a response-completion hook:
 - Idle programs are forgotten: a program with nothing in flight and no completion (nor first sight)
   within `evictionTtlSeconds` (0: never) loses its metrics and service.
 
-Parameters (upstream's, with its checks): `strategy` "las" (the only one; "" means it),
+With `strategy: turn-priority` (llm-d-router #2116) the deepest session is served first instead:
+each waiting flow scores its turn number (dispatched requests + 1; 1 again after
+`turnPriorityInactivitySeconds` without anything in flight or completed) plus
+`turnPriorityTimeWeight` × its head's wait in seconds.
+
+Parameters (upstream's, with its checks): `strategy` "las" ("" means it) or "turn-priority",
 `lasWeightService` 0.8 and `lasWeightHeadWait` 0.2 (>= 0), `lasHalfLifeSeconds` 60 (>= 0),
-`evictionTtlSeconds` 3600 (>= 0), `evictionSweepSeconds` 300 (> 0).
+`turnPriorityTimeWeight` 0.05 and `turnPriorityInactivitySeconds` 120 (>= 0), `evictionTtlSeconds`
+3600 (>= 0), `evictionSweepSeconds` 300 (> 0).
 
 Deviations:
 - `pick` reads time from its `now` argument; PreRequest and completion from the plugin's `clock`
@@ -64,6 +70,7 @@ from epick.plugins.registry import Handle, Parameters, PluginSpec
 
 TYPE = "program-aware-fairness"
 STRATEGY_LAS = "las"
+STRATEGY_TURN_PRIORITY = "turn-priority"
 WEIGHT_INPUT_TOKEN = 1
 WEIGHT_OUTPUT_TOKEN = 2
 # Requests picked but not yet dispatched (or dispatched but not yet completed) whose notes are kept:
@@ -78,6 +85,8 @@ class ProgramAwareParameters(Parameters):
     las_weight_service: float = 0.8
     las_weight_head_wait: float = 0.2
     las_half_life_seconds: float = 60.0
+    turn_priority_time_weight: float = 0.05
+    turn_priority_inactivity_seconds: float = 120.0
 
     @model_validator(mode="after")
     def _check(self) -> ProgramAwareParameters:
@@ -92,8 +101,16 @@ class ProgramAwareParameters(Parameters):
             raise ValueError(f"lasWeightHeadWait must be >= 0, got {self.las_weight_head_wait:g}")
         if not self.las_half_life_seconds >= 0:
             raise ValueError(f"lasHalfLifeSeconds must be >= 0, got {self.las_half_life_seconds:g}")
-        if self.strategy not in ("", STRATEGY_LAS):
-            raise ValueError(f'unknown scoring strategy "{self.strategy}": only "las" is supported')
+        if not self.turn_priority_time_weight >= 0:
+            raise ValueError(f"turnPriorityTimeWeight must be >= 0, got {self.turn_priority_time_weight:g}")
+        if not self.turn_priority_inactivity_seconds >= 0:
+            raise ValueError(
+                f"turnPriorityInactivitySeconds must be >= 0, got {self.turn_priority_inactivity_seconds:g}"
+            )
+        if self.strategy not in ("", STRATEGY_LAS, STRATEGY_TURN_PRIORITY):
+            raise ValueError(
+                f'unknown scoring strategy "{self.strategy}": only "las" and "turn-priority" are supported'
+            )
         return self
 
 
@@ -226,6 +243,55 @@ class LASStrategy:
         self.states.pop(program, None)
 
 
+class TurnPriorityStrategy:
+    """Deeper sessions first (upstream's strategy_turnpriority.go, llm-d-router #2116): each waiting
+    flow scores turnNumber + timeWeight × its head's wait in seconds, and the highest is served. The
+    turn number is the program's dispatched requests plus the waiting one; a program with nothing in
+    flight whose last completion is older than `inactivitySeconds` (0: never) counts as turn one. One
+    waiting flow is served without scoring."""
+
+    name = STRATEGY_TURN_PRIORITY
+
+    def __init__(
+        self, time_weight: float, inactivity_seconds: float, metrics: Callable[[str], ProgramMetrics | None]
+    ) -> None:
+        self.time_weight = time_weight
+        self.inactivity_seconds = inactivity_seconds
+        self.metrics = metrics
+
+    def turn_number(self, program: str, now: float) -> int:
+        m = self.metrics(program)
+        if m is None:
+            return 1
+        if (
+            self.inactivity_seconds > 0
+            and m.in_flight == 0
+            and now - m.last_completion > self.inactivity_seconds
+        ):
+            return 1
+        return m.dispatched + 1
+
+    def pick(self, queues: list[tuple[str, FlowQueue]], now: float) -> FlowQueue | None:
+        waiting = [(program, queue) for program, queue in queues if len(queue) and queue.peek() is not None]
+        if len(waiting) <= 1:
+            return waiting[0][1] if waiting else None
+        best: FlowQueue | None = None
+        best_score = -math.inf
+        for program, queue in waiting:  # in FlowKey order: the first best wins a tie
+            head = queue.peek()
+            assert head is not None
+            score = self.turn_number(program, now) + self.time_weight * max(0.0, now - head.enqueue_time)
+            if score > best_score:
+                best, best_score = queue, score
+        return best
+
+    def on_completed(self, program: str, response: Response, now: float) -> float:
+        return 0.0  # no per-program state beyond the plugin's metrics
+
+    def evict(self, program: str) -> None:
+        pass
+
+
 def _remember(table: OrderedDict[int, Any], key: int, value: Any) -> None:
     table[key] = value
     table.move_to_end(key)  # the newest note
@@ -245,7 +311,13 @@ class ProgramAwareFairness(NamedPlugin):
     ) -> None:
         super().__init__(name)
         self.params = p = params or ProgramAwareParameters()
-        self.strategy = LASStrategy(p.las_weight_service, p.las_weight_head_wait, p.las_half_life_seconds)
+        self.strategy: LASStrategy | TurnPriorityStrategy
+        if p.strategy == STRATEGY_TURN_PRIORITY:
+            self.strategy = TurnPriorityStrategy(
+                p.turn_priority_time_weight, p.turn_priority_inactivity_seconds, self._programs_get
+            )
+        else:
+            self.strategy = LASStrategy(p.las_weight_service, p.las_weight_head_wait, p.las_half_life_seconds)
         self.clock = clock
         self._programs: dict[str, ProgramMetrics] = {}
         # request key -> (enqueue time, flow id), from pick to PreRequest
@@ -342,14 +414,20 @@ class ProgramAwareFairness(NamedPlugin):
         """A program's metrics (the live object), or None when the policy does not know it."""
         return self._programs.get(program)
 
+    def _programs_get(self, program: str) -> ProgramMetrics | None:
+        return self._programs.get(program)  # the strategy's view, under the lock pick holds
+
     def programs(self) -> Iterator[str]:
         return iter(list(self._programs))
 
     def attained_service(self, program: str, now: float) -> float:
         """A program's attained service with the decay up to `now` folded in (0 when unknown)."""
         with self._lock:
-            st = self.strategy.states.get(program)
-            return st.service(now, self.strategy.half_life_seconds) if st is not None else 0.0
+            strategy = self.strategy
+            if not isinstance(strategy, LASStrategy):
+                return 0.0  # only LAS attains service
+            st = strategy.states.get(program)
+            return st.service(now, strategy.half_life_seconds) if st is not None else 0.0
 
     def jains_fairness_index(self) -> float:
         """Jain's fairness index over the programs' average queue waits (those with a wait observed);
