@@ -569,3 +569,49 @@ def test_two_core_metrics_sources_are_warned_about() -> None:
     assert len(config.data_layer.polled) == 2
     (warning,) = [w for w in config.warnings if "feed a core-metrics extractor" in w]
     assert "'my-metrics'" in warning and "'metrics-data-source'" in warning
+
+
+def test_llm_d_v1_groups_the_cross_replica_fields_and_discovery() -> None:
+    """llm-d.ai/v1 (llm-d/llm-d-router, pkg/epp/config/loader/conversion.go): crossReplica.* for
+    v1alpha1's crossReplica*, discovery.endpoints.pluginRef for the bare discovery.pluginRef."""
+    body = """\
+        plugins:
+        - type: queue-scorer
+        - {name: s, type: shared-state-syncer, parameters: {address: "r:1"}}
+        - {name: files, type: file-discovery, parameters: {path: /tmp/endpoints.yaml}}
+        dataLayer:
+          discovery: {endpoints: {pluginRef: files}}
+          crossReplica: {syncerPluginRef: s, syncInterval: 300ms, publishTimeout: 1s}
+        """
+    plan = load(body, "llm-d.ai/v1").data_layer
+    assert plan.syncer is not None and plan.sync_interval == 0.3
+    assert plan.discovery is not None and plan.discovery.typed_name.name == "files"
+    found = issues(body, "llm-d.ai/v1alpha1")
+    assert [path for path, _ in found] == ["dataLayer.crossReplica"]
+    old = (
+        "plugins:\n- type: queue-scorer\n"
+        "- {name: s, type: shared-state-syncer, parameters: {address: 'r:1'}}\n"
+        "- {name: files, type: file-discovery, parameters: {path: /tmp/endpoints.yaml}}\n"
+        "dataLayer:\n  crossReplicaSyncerPluginRef: s\n  discovery: {pluginRef: files}\n"
+    )
+    found = dict(issues(old, "llm-d.ai/v1"))
+    assert set(found) == {"dataLayer.crossReplicaSyncerPluginRef", "dataLayer.discovery.pluginRef"}
+    assert (
+        found["dataLayer.crossReplicaSyncerPluginRef"]
+        == "unknown field 'crossReplicaSyncerPluginRef' under llm-d.ai/v1"
+    )
+    assert load(old, "llm-d.ai/v1alpha1").data_layer.syncer is not None
+
+
+def test_the_new_discovery_field_wins_over_the_deprecated_one() -> None:
+    plan = load(
+        """\
+        plugins:
+        - type: queue-scorer
+        - {name: old, type: file-discovery, parameters: {path: /tmp/a.yaml}}
+        - {name: new, type: file-discovery, parameters: {path: /tmp/b.yaml}}
+        dataLayer:
+          discovery: {pluginRef: old, endpoints: {pluginRef: new}}
+        """
+    ).data_layer
+    assert plan.discovery is not None and plan.discovery.typed_name.name == "new"

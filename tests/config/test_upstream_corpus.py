@@ -2,7 +2,9 @@
 
 tests/config/upstream/ holds the configs of GIE v1.5.0 (docs, Helm chart, integration and loader
 testdata), llm-d-router and llm-d-inference-scheduler (deploy configs, docs, e2e tests) and the llm-d
-guides, each with a `# Source:` line naming its repository, revision and path. A file whose types
+guides (those extracted from values files at llm-d 7edda66; the standalone ones at 48fa8c0), each
+with a `# Source:` line naming its repository, revision and path. The guides' values files
+themselves, with the configs they embed, are read by test_upstream_values.py. A file whose types
 epick has must load (`epick check-config`) and schedule a request (`epick explain`) on a pool of
 decode, prefill and encode endpoints. A file that needs a type epick does not implement yet is listed
 in PENDING with exactly the types it lacks, and the loader must say so of each, naming its upstream

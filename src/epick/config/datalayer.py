@@ -31,6 +31,8 @@ METRICS_SOURCE = "metrics-data-source"
 DEFAULT_SYNC_INTERVAL = 0.2  # seconds: upstream's defaultCrossReplicaSyncInterval
 CORE_EXTRACTOR = "core-metrics-extractor"
 LLMD_GROUP = "llm-d.ai/"
+V1 = "llm-d.ai/v1"
+V1ALPHA1 = "llm-d.ai/v1alpha1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,8 +161,8 @@ class DataLayerBuilder:
             )
         )
         interval = DEFAULT_SYNC_INTERVAL
-        if section is not None and section.cross_replica_sync_interval is not None:
-            interval = section.cross_replica_sync_interval
+        if section is not None and section.sync_interval is not None:
+            interval = section.sync_interval
             if interval <= 0:  # upstream: a non-positive interval falls back to the default
                 interval = DEFAULT_SYNC_INTERVAL
         return DataLayerPlan(
@@ -301,26 +303,35 @@ class DataLayerBuilder:
     def _discovery(self, where: str, section: DataLayerSection | None) -> EndpointsFileDiscovery | None:
         if section is None or section.discovery is None:
             return None
-        path = f"{where}.discovery.pluginRef"
-        plugin = self._plugin(path, section.discovery.plugin_ref, "discovery plugin")
+        discovery = section.discovery
+        ref = discovery.endpoints_ref
+        if ref is None:
+            return None
+        path = (
+            f"{where}.discovery.endpoints.pluginRef"
+            if discovery.endpoints
+            else f"{where}.discovery.pluginRef"
+        )
+        plugin = self._plugin(path, ref, "discovery plugin")
         if plugin is None:
             return None
         if not isinstance(plugin, EndpointsFileDiscovery):
             self.fail(
                 path,
-                f"plugin {section.discovery.plugin_ref!r} ({plugin.typed_name.type}) does not discover "
-                "endpoints",
+                f"plugin {ref!r} ({plugin.typed_name.type}) does not discover endpoints",
                 "refer to a file-discovery plugin",
             )
             return None
         return plugin
 
     def _syncer(self, where: str, section: DataLayerSection | None) -> CrossReplicaSyncer | None:
-        """The plugin `crossReplicaSyncerPluginRef` names, which must be a cross-replica syncer."""
-        ref = section.cross_replica_syncer_plugin_ref if section is not None else None
+        """The plugin the cross-replica syncer reference names, which must be a syncer."""
+        ref = section.syncer_ref if section is not None else None
         if not ref:
             return None
-        path = f"{where}.crossReplicaSyncerPluginRef"
+        assert section is not None
+        field = "crossReplica.syncerPluginRef" if section.cross_replica else "crossReplicaSyncerPluginRef"
+        path = f"{where}.{field}"
         plugin = self._plugin(path, ref, "cross-replica syncer")
         if plugin is None:
             return None
@@ -333,7 +344,42 @@ class DataLayerBuilder:
             return None
         return plugin
 
+    def _version_fields(self, where: str, section: DataLayerSection) -> None:
+        """Fields of the other llm-d apiVersion: v1 groups v1alpha1's crossReplica* under
+        crossReplica and has no bare discovery.pluginRef (upstream's types for each refuse the
+        other's)."""
+        version = self.doc.api_version
+        if version == V1:
+            for alias, value, instead in (
+                ("crossReplicaSyncerPluginRef", section.cross_replica_syncer_plugin_ref, "syncerPluginRef"),
+                ("crossReplicaSyncInterval", section.cross_replica_sync_interval, "syncInterval"),
+                ("crossReplicaPublishTimeout", section.cross_replica_publish_timeout, "publishTimeout"),
+            ):
+                if value is not None:
+                    self.fail(
+                        f"{where}.{alias}",
+                        f"unknown field {alias!r} under {V1}",
+                        f"write {where}.crossReplica.{instead} (or use {V1ALPHA1})",
+                    )
+            if section.discovery is not None and section.discovery.plugin_ref is not None:
+                self.fail(
+                    f"{where}.discovery.pluginRef",
+                    f"unknown field 'pluginRef' under {V1}",
+                    f"write {where}.discovery.endpoints.pluginRef",
+                )
+        elif section.cross_replica is not None:
+            self.fail(
+                f"{where}.crossReplica",
+                f"unknown field 'crossReplica' under {version}",
+                f"use apiVersion {V1}, or the crossReplica* fields of {V1ALPHA1}",
+            )
+
     def _unsupported(self, where: str, section: DataLayerSection) -> None:
+        self._version_fields(where, section)
+        if section.discovery is not None and section.discovery.peers is not None:
+            self.warn(
+                f"{where}.discovery.peers has no effect: no peer discovery type exists, upstream or here"
+            )
         if section.peer_discovery is not None:
             self.warn(
                 f"{where}.peerDiscovery has no effect: upstream parses it but nothing uses it, nor does epick"

@@ -171,16 +171,53 @@ class DataLayerSource(_Strict):
         return [] if v is None else v
 
 
+class DiscoverySection(_Strict):
+    """`dataLayer.discovery`: the endpoints' discovery plugin, `endpoints.pluginRef` (and the peers',
+    `peers.pluginRef`); v1alpha1's bare `pluginRef` is the deprecated form of the first, which wins
+    where both are given (llm-d/llm-d-router, pkg/epp/config/loader/conversion.go)."""
+
+    plugin_ref: str | None = Field(default=None, alias="pluginRef")
+    endpoints: ExtractorRef | None = None
+    peers: ExtractorRef | None = None
+
+    @property
+    def endpoints_ref(self) -> str | None:
+        return self.endpoints.plugin_ref if self.endpoints is not None else self.plugin_ref
+
+
+class CrossReplicaSection(_Strict):
+    """llm-d.ai/v1's `dataLayer.crossReplica`: v1alpha1's crossReplica* fields, grouped."""
+
+    syncer_plugin_ref: str | None = Field(default=None, alias="syncerPluginRef")
+    sync_interval: Duration | None = Field(default=None, alias="syncInterval")
+    publish_timeout: Duration | None = Field(default=None, alias="publishTimeout")
+
+
 class DataLayerSection(_Strict):
     """The data layer: polling and notification sources with their extractors, and discovery
-    (GIE v1.5's `dataLayer`, llm-d's additions; GIE v1.3-1.4 called the section `data`)."""
+    (GIE v1.5's `dataLayer`, llm-d's additions; GIE v1.3-1.4 called the section `data`). The
+    cross-replica fields are `crossReplica*` under llm-d.ai/v1alpha1 and `crossReplica.*` under v1."""
 
     inject_defaults: bool | None = Field(default=None, alias="injectDefaults")
     sources: list[DataLayerSource] = Field(default_factory=list)
-    discovery: ExtractorRef | None = None
+    discovery: DiscoverySection | None = None
     peer_discovery: ExtractorRef | None = Field(default=None, alias="peerDiscovery")
     cross_replica_syncer_plugin_ref: str | None = Field(default=None, alias="crossReplicaSyncerPluginRef")
     cross_replica_sync_interval: Duration | None = Field(default=None, alias="crossReplicaSyncInterval")
+    cross_replica_publish_timeout: Duration | None = Field(default=None, alias="crossReplicaPublishTimeout")
+    cross_replica: CrossReplicaSection | None = Field(default=None, alias="crossReplica")
+
+    @property
+    def syncer_ref(self) -> str | None:
+        if self.cross_replica is not None:
+            return self.cross_replica.syncer_plugin_ref
+        return self.cross_replica_syncer_plugin_ref
+
+    @property
+    def sync_interval(self) -> float | None:
+        if self.cross_replica is not None:
+            return self.cross_replica.sync_interval
+        return self.cross_replica_sync_interval
 
     @field_validator("sources", mode="before")
     @classmethod
