@@ -88,3 +88,45 @@ def test_shared_state_is_epicks_own_flag() -> None:
         settings("--pool-name=p", "--shared-state=redis://redis:6379/1").shared_state
         == "redis://redis:6379/1"
     )
+
+
+def test_the_flags_added_upstream_after_ebab687() -> None:
+    s = settings(
+        "--pool-name=p",
+        "--feature-gates=flowControl,haPopulateNonLeaderDatastore=false",
+        "--plugin-state-staleness-threshold=90s",
+        "--fairness-id-metric-label-limit=0",
+        "--config-file=/etc/epp/config.yaml",
+        "--watch-config-file",
+    )
+    assert s.feature_gates == ("flowControl", "haPopulateNonLeaderDatastore=false")
+    assert (s.plugin_state_staleness, s.fairness_id_label_limit, s.watch_config_file) == (90.0, 0, True)
+    defaults = settings("--pool-name=p")
+    assert (defaults.plugin_state_staleness, defaults.fairness_id_label_limit) == (300.0, 1000)
+    with pytest.raises(EppError, match="unknown feature gate 'flowcontrol'"):
+        settings("--pool-name=p", "--feature-gates=flowcontrol")
+    with pytest.raises(EppError, match="'maybe' is not a valid value for feature gate 'flowControl'"):
+        settings("--pool-name=p", "--feature-gates=flowControl=maybe")
+
+
+def test_the_watch_and_staleness_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--pool-name=p", "--watch-config-file"]) == 1  # needs --config-file
+    assert main(["--pool-name=p", "--plugin-state-staleness-threshold=0s"]) == 1
+    assert main(["--pool-name=p", "--fairness-id-metric-label-limit=-1"]) == 1
+
+
+def test_upstreams_ha_flags_name_and_time_the_lease() -> None:
+    lease = settings(
+        "--pool-name=p", "--ha-enable-leader-election", "--ha-lease-name=my-lease",
+        "--ha-lease-duration=30s", "--ha-renew-deadline=20s", "--ha-retry-period=5s",
+    ).leader_election  # fmt: skip
+    assert lease is not None
+    assert (lease.name, lease.lease_duration, lease.renew_deadline, lease.retry_period) == (
+        "my-lease", 30.0, 20.0, 5.0,
+    )  # fmt: skip
+    older = settings("--pool-name=p", "--ha-enable-leader-election", "--lease-duration=40s").leader_election
+    assert older is not None and older.name == "epp-ns-p.llm-d.ai" and older.lease_duration == 40.0
+    with pytest.raises(Exception, match=r"renew deadline must exceed 1.2 x the retry period"):
+        settings(
+            "--pool-name=p", "--ha-enable-leader-election", "--ha-renew-deadline=2.2s", "--ha-retry-period=2s"
+        ).check()

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epick.config import ConfigError, LoadedConfig, load_config_text
+from epick.config import ConfigError, LoadedConfig, LoadOptions, load_config_text
 from epick.framework import CycleState, ProfileRunResult, Response, SchedulingResult
 from epick.plugins.filters.prefix_affinity import PrefixAffinityParameters, PrefixCacheAffinityFilter
 from epick.plugins.load.concurrency import ConcurrencyDetector, ConcurrencyParameters
@@ -252,14 +252,15 @@ def test_two_requests_with_the_same_client_id_are_counted_apart() -> None:
     assert p.load("A").requests == 1
 
 
-def test_a_request_never_reported_complete_is_released_after_ten_minutes() -> None:
+def test_a_request_never_reported_complete_is_released_after_five_minutes() -> None:
+    """Upstream's plugin-state staleness (`--plugin-state-staleness-threshold`, 5 minutes)."""
     now = [0.0]
     p = InFlightLoadProducer(clock=lambda: now[0])
     p.pre_request(make_request("x", request_id="lost"), decided(("decode", "A")), CycleState())
-    now[0] = 599.0
+    now[0] = 299.0
     p.pre_request(make_request("x", request_id="new"), decided(("decode", "B")), CycleState())
     assert p.load("A").requests == 1
-    now[0] = 601.0
+    now[0] = 301.0
     p.pre_request(make_request("x", request_id="newer"), decided(("decode", "B")), CycleState())
     assert (p.load("A").requests, p.load("B").requests) == (0, 2)
 
@@ -435,3 +436,13 @@ def test_a_snapshot_arriving_after_a_worker_left_does_not_bring_its_requests_bac
     fresh.worker_left(1)  # the news of worker 1's exit overtook the snapshot
     fresh.restore(snapshot)
     assert fresh.load("E1") == InFlightLoad()
+
+
+def test_the_staleness_threshold_comes_from_the_handle() -> None:
+    config = load_config_text(
+        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
+        "plugins:\n- type: inflight-load-producer\n",
+        options=LoadOptions(plugin_state_staleness=42.0),
+    )
+    producer = config.plugins["inflight-load-producer"]
+    assert isinstance(producer, InFlightLoadProducer) and producer.stale_after == 42.0

@@ -218,6 +218,7 @@ class _Handle:
 
     clock = Clock()  # the config's clock, as the loader's handle gives it
     workers = 1
+    plugin_state_staleness = 300.0
 
 
 # Types with a parameter that has no default.

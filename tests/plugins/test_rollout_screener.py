@@ -53,6 +53,7 @@ class _Handle:
 
     clock = Clock()  # the config's clock, as the loader's handle gives it
     workers = 1
+    plugin_state_staleness = 300.0
 
 
 def build(seed: int = 0, **params: Any) -> DisaggregatedSetRolloutScreener:

@@ -20,9 +20,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from pydantic_core import PydanticCustomError
+
 from epick.cli.epp_flags import DEPRECATED_METRIC_FLAGS, FLAGS
 from epick.cli.goflags import FlagError, GoFlags, HelpRequested, parse_go_flags
 from epick.config import ConfigError
+from epick.config.schema import check_feature_gate
 from epick.datalayer.discovery.static import DiscoveryError
 from epick.datalayer.rewrites import RewriteError
 from epick.extproc.server import ExtProcOptions
@@ -200,6 +203,10 @@ def settings_from_flags(
         subset_filter=not flags.boolean("disable-endpoint-subset-filter"),
         emit_endpoint_scores=flags.boolean("emit-endpoint-scores"),
         allow_experimental_plugins=flags.boolean("allow-experimental-plugins"),
+        feature_gates=_feature_gates(flags.strings("feature-gates")),
+        plugin_state_staleness=flags.number("plugin-state-staleness-threshold"),
+        fairness_id_label_limit=flags.integer("fairness-id-metric-label-limit"),
+        watch_config_file=flags.boolean("watch-config-file"),
     )
 
 
@@ -246,12 +253,17 @@ def _lease(flags: GoFlags, namespace: str, environ: os._Environ[str] | dict[str,
         if match is None:
             raise EppError(f"$POD_NAME {pod!r} is not a Deployment's pod name")
         name = match.group(1)
+
+    def timing(upstream: str, own: str) -> float:
+        """Upstream's `--ha-*` flag where given, else epick's older name for it."""
+        return flags.number(upstream if flags.was_given(upstream) or not flags.was_given(own) else own)
+
     return LeaseSettings(
-        name=f"epp-{namespace}-{name}.llm-d.ai",
+        name=flags.text("ha-lease-name") or f"epp-{namespace}-{name}.llm-d.ai",
         namespace=namespace,
-        lease_duration=flags.number("lease-duration"),
-        renew_deadline=flags.number("lease-renew-deadline"),
-        retry_period=flags.number("lease-retry-period"),
+        lease_duration=timing("ha-lease-duration", "lease-duration"),
+        renew_deadline=timing("ha-renew-deadline", "lease-renew-deadline"),
+        retry_period=timing("ha-retry-period", "lease-retry-period"),
     )
 
 
@@ -288,6 +300,21 @@ def _quantity(text: str, flag: str) -> int:
     if match is None:
         raise EppError(f"invalid --{flag}: {text!r} is not a size (write it like 10MiB or 25MB)")
     return math.ceil(float(match.group(1)) * _SUFFIX[match.group(2)])  # as Quantity.Value(): rounded up
+
+
+def _feature_gates(entries: Sequence[str]) -> tuple[str, ...]:
+    """`--feature-gates` entries, kubelet style ("flowControl", "flowControl=false"), each checked as
+    a config's featureGates entry is (an unknown gate or a value that is not a boolean is an error)."""
+    checked = []
+    for entry in (e.strip() for e in entries):
+        if not entry:
+            continue
+        try:
+            check_feature_gate(entry)
+        except PydanticCustomError as e:
+            raise EppError(f"--feature-gates: {e.context['message'] if e.context else e}") from None
+        checked.append(entry)
+    return tuple(checked)
 
 
 if __name__ == "__main__":

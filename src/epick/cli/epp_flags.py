@@ -1,4 +1,6 @@
-"""The Go EPP's flags: every flag of llm-d-router's `cmd/epp` (at ebab687), the four GIE v1.5.0 flags
+"""The Go EPP's flags: every flag of llm-d-router's `cmd/epp` (at ebab687, and the ones added since:
+`--feature-gates`, `--watch-config-file`, `--plugin-state-staleness-threshold`,
+`--fairness-id-metric-label-limit` and the `--ha-*` Lease flags), the four GIE v1.5.0 flags
 that llm-d-router dropped, controller-runtime's zap flags and `--v`, with upstream's names, kinds and
 defaults (`pkg/epp/server/options.go`, `pkg/common/observability/logging/options.go`, controller-runtime
 `pkg/log/zap/flags.go`); and the few flags that are epick's own.
@@ -122,6 +124,44 @@ UPSTREAM_FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec("config-file", "string", "", "The path to the configuration file."),
     FlagSpec("config-text", "string", "", "The configuration specified as text, in lieu of a file."),
     FlagSpec("allow-experimental-plugins", "bool", False, "Allows loading of experimental Alpha plugins."),
+    # Added upstream after ebab687 (llm-d-router pkg/epp/server/options.go, read from a later version).
+    FlagSpec(
+        "feature-gates",
+        "stringSlice",
+        (),
+        "Comma-separated list of feature gates to enable or disable, in kubelet style (e.g., "
+        "'flowControl=true'). A bare name enables the gate. Applied after the configuration's "
+        "featureGates list, so these override entries set there.",
+    ),
+    FlagSpec(
+        "watch-config-file",
+        "bool",
+        False,
+        "Watches --config-file and reloads supported scheduling profile changes.",
+    ),
+    FlagSpec(
+        "plugin-state-staleness-threshold",
+        "duration",
+        300 * S,
+        "Inactivity duration after which a request's plugin state (e.g. in-flight load accounting) is "
+        "reaped.",
+    ),
+    FlagSpec(
+        "fairness-id-metric-label-limit",
+        "int",
+        1000,
+        "Caps the number of distinct fairness_id label values recorded on metrics; values beyond the cap "
+        "collapse to a single overflow series, and 0 collapses all of them.",
+    ),
+    FlagSpec(
+        "ha-lease-name",
+        "string",
+        "",
+        "Leader election Lease name (empty: epp-<pool-namespace>-<pool-name>.llm-d.ai).",
+    ),
+    FlagSpec("ha-lease-duration", "duration", 15 * S, "Leader election lease duration."),
+    FlagSpec("ha-renew-deadline", "duration", 10 * S, "Leader election renew deadline."),
+    FlagSpec("ha-retry-period", "duration", 2 * S, "Leader election retry period."),
     FlagSpec("zap-devel", "bool", True, "Development mode defaults (ignored, as upstream)."),
     FlagSpec("zap-encoder", "string", "", "Zap log encoding (one of 'json' or 'console')."),
     FlagSpec("zap-log-level", "string", "", "Zap level: debug, info, error, panic, or an integer > 0."),
@@ -211,6 +251,15 @@ HOW: dict[str, str] = {
     "config-file": "as upstream",
     "config-text": "as upstream",
     "allow-experimental-plugins": "as upstream: without it, a plugin upstream registers as Alpha is refused",
+    "feature-gates": "as upstream: after the config's featureGates, the last word on a gate wins",
+    "watch-config-file": "as upstream, and more: any change reloads, unchanged plugins keeping their state; "
+    "a bad file keeps the running config",
+    "plugin-state-staleness-threshold": "as upstream: in-flight accounting is reaped after this long",
+    "fairness-id-metric-label-limit": 'as upstream: values past the cap share the fairness_id "other"',
+    "ha-lease-name": "as upstream (overrides the derived name)",
+    "ha-lease-duration": "as upstream (same as epick's --lease-duration)",
+    "ha-renew-deadline": "as upstream (same as epick's --lease-renew-deadline)",
+    "ha-retry-period": "as upstream (same as epick's --lease-retry-period)",
     "zap-devel": "ignored, as upstream",
     "zap-encoder": "json (upstream's only output); console gives text lines",
     "zap-log-level": "as upstream: overrides --v",

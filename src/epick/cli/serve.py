@@ -156,6 +156,12 @@ def _service_flags(p: argparse.ArgumentParser) -> None:
         help="with --pool-name: also follow the pool's InferenceModelRewrite resources in the cluster",
     )
     p.add_argument(
+        "--watch-config-file",
+        action="store_true",
+        help="reload --config-file when its content changes (as a ConfigMap update changes it); plugins "
+        "whose configuration did not change keep their state, and a bad file keeps the running config",
+    )
+    p.add_argument(
         "--watch-objectives",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -302,6 +308,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
             usage_metrics=args.usage_metrics,
             workers=args.workers,
             shared_state=args.shared_state,
+            watch_config_file=args.watch_config_file,
             drain_timeout=parse_duration(args.drain_timeout),
             log_level=args.log_level,
         )

@@ -81,6 +81,10 @@ class LoadOptions:
     overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # False: refuse plugins upstream registers as Alpha (`epp` without --allow-experimental-plugins).
     allow_experimental: bool = True
+    # `--feature-gates` entries ("name", "name=false"), after the file's: the last word on a gate wins.
+    feature_gates: tuple[str, ...] = ()
+    # `--plugin-state-staleness-threshold` (seconds; `Handle.plugin_state_staleness`)
+    plugin_state_staleness: float = 300.0  # upstream's default
 
 
 @dataclass(slots=True)

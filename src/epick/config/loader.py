@@ -84,6 +84,9 @@ def load_config_text(
         registry, load_failures = default_registry()
     document = parse_document(text, source)
     options = options or LoadOptions()
+    if options.feature_gates:
+        gates = [*document.feature_gates, *options.feature_gates]
+        document = document.model_copy(update={"feature_gates": gates})
     return build_config(
         source,
         document,
@@ -95,4 +98,5 @@ def load_config_text(
         workers=options.workers,
         overrides=options.overrides,
         allow_experimental=options.allow_experimental,
+        plugin_state_staleness=options.plugin_state_staleness,
     )

@@ -45,7 +45,7 @@ def split_feature_gate(entry: str) -> tuple[str, bool]:
     return parts[0], _GATE_VALUES[parts[1].strip().lower()]
 
 
-def _check_feature_gate(entry: str) -> str:
+def check_feature_gate(entry: str) -> str:
     parts = entry.split("=")
     name = parts[0]
     known = [g.name for g in FEATURE_GATES]
@@ -67,7 +67,7 @@ def _check_feature_gate(entry: str) -> str:
     return entry
 
 
-FeatureGateEntry = Annotated[str, AfterValidator(_check_feature_gate)]
+FeatureGateEntry = Annotated[str, AfterValidator(check_feature_gate)]
 
 
 class _Strict(BaseModel):

@@ -49,6 +49,12 @@ class Handle(Protocol):
         plugin that picks at random between equals picks alike in every copy when above 1."""
         ...
 
+    @property
+    def plugin_state_staleness(self) -> float:
+        """Seconds without a sign of life after which a request's plugin state (its in-flight
+        accounting) is taken as gone and reaped (`epp --plugin-state-staleness-threshold`)."""
+        ...
+
 
 Factory = Callable[[str, Any, Handle], Plugin]
 

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from epick.flowcontrol import FlowItem, FlowObserver
 from epick.flowcontrol.registry import BandStats
 from epick.framework.flowcontrol import FlowKey
+from epick.requestcontrol.labels import OTHER, BoundedLabel
 from epick.requestcontrol.series import Counters, Gauges, Histograms, View
 
 __all__ = ["CYCLE_BUCKETS", "QUEUE_BUCKETS", "FlowMetrics"]
@@ -51,8 +52,11 @@ def _old(name: str, documentation: str, labels: Sequence[str]) -> list[View]:
 
 
 class FlowMetrics(FlowObserver):
-    def __init__(self, pool: str, registry: CollectorRegistry) -> None:
+    def __init__(
+        self, pool: str, registry: CollectorRegistry, *, fairness: BoundedLabel | None = None
+    ) -> None:
         self.pool = pool
+        self.fairness = fairness if fairness is not None else BoundedLabel(1000)
         r = registry
         doc = "Requests held in the flow-control queues now."
         self._queue_size = Gauges(
@@ -110,7 +114,7 @@ class FlowMetrics(FlowObserver):
     def _flow_labels(self, item: FlowItem) -> tuple[str, str, str, str, str]:
         key = item.flow_key
         model = item.request.target_model
-        return (key.id, str(key.priority), self.pool, model, model)
+        return (self.fairness.bound(key.id), str(key.priority), self.pool, model, model)
 
     def submitted(self, item: FlowItem) -> None:
         labels = self._flow_labels(item)
@@ -129,7 +133,9 @@ class FlowMetrics(FlowObserver):
     def enqueued(self, item: FlowItem, seconds: float) -> None:
         outcome = item.outcome.value if item.outcome is not None else "NotYetFinalized"
         key = item.flow_key
-        self._enqueue_duration.series(key.id, str(key.priority), outcome).observe(seconds)
+        self._enqueue_duration.series(self.fairness.bound(key.id), str(key.priority), outcome).observe(
+            seconds
+        )
 
     def saturation(self, stage: str, value: float) -> None:
         self._saturation.set(self.pool, stage, value=value)
@@ -150,7 +156,7 @@ class FlowMetrics(FlowObserver):
 
     def flows_dropped(self, keys: Sequence[FlowKey]) -> None:
         """A collected flow's series go with it (fairness ids come from clients)."""
-        dropped = {(k.id, str(k.priority)) for k in keys}
+        dropped = {(k.id, str(k.priority)) for k in keys if self.fairness.bound(k.id) != OTHER}
         for gauge in (self._queue_size, self._queue_bytes):
             for labels in [labels for labels in gauge.values if labels[:2] in dropped]:
                 gauge.drop(*labels)

@@ -20,6 +20,7 @@ from epick.datalayer.datastore import Datastore
 from epick.datalayer.scraper import ScrapeErrors
 from epick.framework import InferenceRequest, Plugin, SchedulingResult
 from epick.requestcontrol.flow_metrics import FlowMetrics
+from epick.requestcontrol.labels import BoundedLabel
 from epick.requestcontrol.path import Completion, Observer, RequestLabels
 from epick.requestcontrol.plugin_metrics import PluginMetrics
 from epick.requestcontrol.series import Counters, Gauges, Histograms, View
@@ -49,7 +50,6 @@ LLMD = "llm_d_epp_"
 # Distinct model names (served and asked for, together) and fairness ids kept as label values; past
 # that, "other" (upstream's cardinality caps, pkg/epp/metrics/cardinality.go).
 LABEL_VALUES = 1000
-OTHER = "other"
 REQUEST = ("model_name", "target_model_name", "fairness_id", "priority")
 MODELS = ("model_name", "target_model_name")
 
@@ -70,6 +70,7 @@ class EppMetrics(Observer):
         usage: bool = True,
         staleness: float = 2.0,
         namespace: str = "",
+        fairness_limit: int = LABEL_VALUES,
     ) -> None:
         """`usage`: record the token histograms from each response's usage (the response bodies are
         then read, in ext_proc too); off, they stay empty and responses are read only for plugins.
@@ -173,10 +174,10 @@ class EppMetrics(Observer):
                         "Requests an InferenceModelRewrite sent to another model.",
                         ("model_rewrite_name", "model_name", "target_model"))],
         )  # fmt: skip
-        self.flow = FlowMetrics(pool, r)
+        self._models = BoundedLabel(LABEL_VALUES)
+        self._fairness = BoundedLabel(fairness_limit)  # `--fairness-id-metric-label-limit`
+        self.flow = FlowMetrics(pool, r, fairness=self._fairness)
         self._handles: dict[RequestLabels, _RequestSeries] = {}
-        self._models: set[str] = set()
-        self._fairness: set[str] = set()
 
     def _request_histogram(
         self, name: str, old: str, documentation: str, buckets: tuple[float, ...]
@@ -209,14 +210,14 @@ class EppMetrics(Observer):
 
     def _series(self, labels: RequestLabels) -> _RequestSeries:
         """The request families' series for `labels`, looked up once per label set. Model names and
-        fairness ids come from clients: past `LABEL_VALUES` distinct values each, a new one is counted
-        as "other", as upstream caps them."""
+        fairness ids come from clients: past `LABEL_VALUES` distinct model names, and the fairness
+        limit's fairness ids, a new one is counted as "other", as upstream caps them."""
         found = self._handles.get(labels)
         if found is not None:
             return found
         model, target, fairness, priority = labels
-        capped = (self._cap(self._models, model), self._cap(self._models, target),
-                  self._cap(self._fairness, fairness), priority)  # fmt: skip
+        capped = (self._models.bound(model), self._models.bound(target), self._fairness.bound(fairness),
+                  priority)  # fmt: skip
         found = self._handles.get(capped)
         if found is None:
             found = self._handles[capped] = _RequestSeries(self, capped)
@@ -225,15 +226,6 @@ class EppMetrics(Observer):
         if len(self._handles) < 4 * LABEL_VALUES:
             self._handles[labels] = found
         return found
-
-    @staticmethod
-    def _cap(seen: set[str], value: str) -> str:
-        if value in seen:
-            return value
-        if len(seen) >= LABEL_VALUES:
-            return OTHER
-        seen.add(value)
-        return value
 
     def request(self, labels: RequestLabels, size: int) -> None:
         series = self._series(labels)

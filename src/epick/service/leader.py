@@ -37,6 +37,10 @@ def default_identity() -> str:
     return f"{socket.gethostname()}_{uuid.uuid4()}"
 
 
+# client-go's leaderelection JitterFactor: the renew deadline must exceed it times the retry period
+JITTER_FACTOR = 1.2
+
+
 @dataclass(frozen=True, slots=True)
 class LeaseSettings:
     """Which Lease, and controller-runtime's timings (15 s, 10 s, 2 s)."""
@@ -55,6 +59,11 @@ class LeaseSettings:
             raise ValueError(
                 "leader election: the lease duration must exceed the renew deadline, which must exceed "
                 f"the retry period (got {self.lease_duration}s, {self.renew_deadline}s, {self.retry_period}s)"
+            )
+        if not self.renew_deadline > JITTER_FACTOR * self.retry_period:
+            raise ValueError(
+                f"leader election: the renew deadline must exceed {JITTER_FACTOR} x the retry period "
+                f"(got {self.renew_deadline}s and {self.retry_period}s)"
             )
 
 

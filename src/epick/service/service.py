@@ -44,6 +44,7 @@ from epick.requestcontrol.director import Director, close_plugins
 from epick.requestcontrol.metrics import DataLayerErrors, EppMetrics
 from epick.requestcontrol.plugin_metrics import PluginMetrics
 from epick.requestcontrol.tracing import TracedTimer
+from epick.service.config_watch import ConfigFileWatch, ConfigReloads
 from epick.service.leader import LeaderElector
 from epick.service.metrics_server import MetricsAuth, MetricsServer, metrics_tls
 from epick.service.plugin_state import PATH as PLUGIN_STATE_PATH
@@ -78,6 +79,8 @@ def load_service_config(settings: Settings, previous: LoadedConfig | None = None
         workers=settings.workers or 1,
         overrides=overrides,
         allow_experimental=settings.allow_experimental_plugins,
+        feature_gates=settings.feature_gates,
+        plugin_state_staleness=settings.plugin_state_staleness,
     )
     if settings.config_text is not None:
         return load_config_text(
@@ -97,6 +100,9 @@ class Service:
         settings.check()
         self.settings = settings
         self.config = config or self._load()
+        # `--watch-config-file`: the file's content as just loaded, watched from start()
+        watched = settings.config_file if settings.watch_config_file else None
+        self.config_watch = ConfigFileWatch(watched) if watched else None
         self.datastore = Datastore()
         self.datastore.replace_all(settings.endpoints)
         self.metrics = EppMetrics(
@@ -105,7 +111,10 @@ class Service:
             lambda: self.director.config,
             usage=settings.usage_metrics,
             namespace=settings.kubernetes.namespace if settings.kubernetes else "",
+            fairness_limit=settings.fairness_id_label_limit,
         )
+        self.reloads = ConfigReloads()  # SIGHUP's and --watch-config-file's
+        self.metrics.registry.register(self.reloads)
         self.scrapers = ScraperPool(
             self.datastore, interval=settings.refresh_metrics_interval, plan=self.config.data_layer
         )
@@ -242,9 +251,11 @@ class Service:
         except ConfigError as e:
             for issue in e.issues:
                 log.error("config reload refused, keeping the running config: %s", issue.render(e.source))
+            self.reloads.record("invalid")
             return False
         except RewriteError as e:
             log.error("reload refused, keeping the running config and rewrites: %s", e)
+            self.reloads.record("invalid")
             return False
         running = self.director.config
         self.director.replace_config(self._prepare(fresh))
@@ -261,7 +272,12 @@ class Service:
         self._in_background(self.kv_events.set_sinks(sinks_of(fresh.plugins.values())), "KV events reload")
         self.rewrites.file = file_rewrites
         self.director.rewrites = self.rewrites.current()
-        log.info("config reloaded from %s", self.settings.config_file or "<default config>")
+        self.reloads.record("success")
+        log.info(
+            "config reloaded from %s (generation %d)",
+            self.settings.config_file or "<default config>",
+            self.reloads.generation,
+        )
         return True
 
     def _reload_discovery(self, fresh: LoadedConfig) -> None:
@@ -312,6 +328,8 @@ class Service:
         await self._share_state()  # the other replicas' state before serving
         self._in_background(self._watch_plugin_readiness(), "plugin readiness")
         self._initialize_tokenizers(self.director.config)
+        if self.config_watch is not None:
+            self._in_background(self.config_watch.run(self.reload, self.reloads), "config file watch")
         if self.proxy is not None:
             await self.proxy.start(proxy_socket)
         if self.extproc is not None:

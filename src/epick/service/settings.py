@@ -112,6 +112,15 @@ class Settings:
     # False: a config with a plugin upstream registers as Alpha is refused (`epp` without
     # --allow-experimental-plugins); `epick serve` loads every plugin epick has.
     allow_experimental_plugins: bool = True
+    # `--feature-gates`: entries applied after the config's featureGates (the last word wins).
+    feature_gates: tuple[str, ...] = ()
+    # `--plugin-state-staleness-threshold`: a request's in-flight accounting is reaped after this long.
+    plugin_state_staleness: float = 300.0
+    # `--fairness-id-metric-label-limit`: distinct fairness_id label values on /metrics; past it they
+    # share the series "other" (0: every value does).
+    fairness_id_label_limit: int = 1000
+    # `--watch-config-file`: reload the config file when its content changes (a ConfigMap update).
+    watch_config_file: bool = False
     # Active-passive HA (`--ha-enable-leader-election`): readiness is SERVING only on the replica that
     # holds this Lease. None: no leader election.
     leader_election: LeaseSettings | None = None
@@ -173,6 +182,16 @@ class Settings:
             )
         if self.config_file and self.config_text:
             raise SettingsError("give a config file or a config text, not both")
+        if self.watch_config_file and not self.config_file:
+            raise SettingsError('flag "watch-config-file" requires "config-file"')
+        if self.plugin_state_staleness <= 0:
+            raise SettingsError(
+                f"plugin-state-staleness-threshold must be positive, got {self.plugin_state_staleness:g}s"
+            )
+        if self.fairness_id_label_limit < 0:
+            raise SettingsError(
+                f"fairness-id-metric-label-limit must be non-negative, got {self.fairness_id_label_limit}"
+            )
         if self.log_format not in ("text", "json"):
             raise SettingsError(f"the log format is text or json (got {self.log_format!r})")
         if self.drain_timeout < 0:

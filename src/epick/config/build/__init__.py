@@ -19,7 +19,7 @@ from typing import Any
 from epick.config.build import sections
 from epick.config.build.flow_control import build_flow_control, saturation_detector
 from epick.config.build.parsers import build_parsers
-from epick.config.build.plugins import PluginBuilder
+from epick.config.build.plugins import DEFAULT_PLUGIN_STATE_STALENESS, PluginBuilder
 from epick.config.build.profiles import assemble
 from epick.config.datalayer import DataLayerBuilder
 from epick.config.loaded import LoadedConfig, RequestHooks
@@ -42,6 +42,7 @@ def build_config(
     workers: int = 1,
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
     allow_experimental: bool = True,
+    plugin_state_staleness: float = DEFAULT_PLUGIN_STATE_STALENESS,
 ) -> LoadedConfig:
     """Build `doc` (read from `source`) with the plugin types of `registry`. With `previous` (the
     running config), unchanged plugins are its instances. The factories get `clock` and `workers`
@@ -57,6 +58,7 @@ def build_config(
         clock=clock,
         workers=workers,
         overrides=overrides,
+        plugin_state_staleness=plugin_state_staleness,
     )
     # Phase 1: names, types, references.
     b.index_plugins()

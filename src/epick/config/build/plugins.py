@@ -25,6 +25,9 @@ from epick.config.upstream import EQUIVALENT_FIXES, UPSTREAM_TYPES, upstream_typ
 from epick.framework import Clock, Plugin
 from epick.plugins.registry import ParameterError, Parameters, PluginSpec, Registry
 
+# upstream's fwkplugin default (pkg/epp/framework/interface/plugin/plugin_state.go): five minutes
+DEFAULT_PLUGIN_STATE_STALENESS = 300.0
+
 
 class DependencyFailedError(Exception):
     """A plugin asked for another that could not be built."""
@@ -64,6 +67,10 @@ class Handle:
     def workers(self) -> int:
         return self._builder.workers
 
+    @property
+    def plugin_state_staleness(self) -> float:
+        return self._builder.plugin_state_staleness
+
 
 class PluginBuilder:
     """The plugins of one config document, built by name on demand (a factory may ask for another),
@@ -81,6 +88,7 @@ class PluginBuilder:
         clock: Clock | None = None,
         workers: int = 1,
         overrides: Mapping[str, Mapping[str, Any]] | None = None,
+        plugin_state_staleness: float = DEFAULT_PLUGIN_STATE_STALENESS,
     ) -> None:
         """`overrides`: parameters, by plugin type, that replace what the file gives every plugin of
         that type (a command-line setting such as the metrics staleness threshold)."""
@@ -88,6 +96,7 @@ class PluginBuilder:
         self.previous = previous
         self.clock = clock or Clock()
         self.workers = workers
+        self.plugin_state_staleness = plugin_state_staleness
         self.overrides = overrides or {}
         self.fingerprints: dict[str, str] = {}  # plugin name -> its type and parameters, as built
         self.worker_states: dict[str, str] = {}  # plugin name -> what it keeps per worker (declared)

@@ -52,7 +52,7 @@ from epick.plugins.prefix.scorer import PrefixMatch, resolve_producer
 from epick.plugins.registry import Handle, Parameters, PluginSpec, producer_for
 
 TYPE = "inflight-load-producer"
-STALE_AFTER = 600.0  # seconds: a request in flight longer is taken to have ended unreported
+STALE_AFTER = 300.0  # seconds: a request in flight longer is taken to have ended unreported (upstream's)
 PREFILL_PROFILE = "prefill"
 UNCACHED_DATA_TYPE = "UncachedRequestTokensDataKey"
 
@@ -355,7 +355,7 @@ class InFlightLoadProducer(NamedPlugin):
 
 def _factory(name: str, params: InFlightParameters, handle: Handle) -> InFlightLoadProducer:
     producer = resolve_producer(handle, params.prefix_match_info_producer_name, "prefixMatchInfoProducerName")
-    return InFlightLoadProducer(name, params, producer)
+    return InFlightLoadProducer(name, params, producer, stale_after=handle.plugin_state_staleness)
 
 
 SPEC = PluginSpec(

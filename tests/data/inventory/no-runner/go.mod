@@ -1,0 +1,3 @@
+module github.com/llm-d/llm-d-router
+
+go 1.24

@@ -1,0 +1,4 @@
+package flowcontrol
+
+// FeatureGate turns the flow-control layer on.
+const FeatureGate = "flowControl"

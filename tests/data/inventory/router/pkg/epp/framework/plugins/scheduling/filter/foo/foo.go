@@ -1,0 +1,7 @@
+package foo
+
+const FooFilterType = "foo-filter"
+
+const OutsideType = "outside-filter"
+
+func Factory() {}

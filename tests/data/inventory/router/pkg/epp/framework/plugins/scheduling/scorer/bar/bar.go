@@ -1,0 +1,8 @@
+package bar
+
+const (
+	scorerSuffix  = "-scorer"
+	BarScorerType = "bar" + scorerSuffix
+)
+
+func Factory() {}
