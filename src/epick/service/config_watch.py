@@ -5,8 +5,9 @@ after ebab687).
 
 The file is looked at every second (`CHECK_INTERVAL_S`; upstream uses fsnotify and a 30 s poll):
 its identity (device, inode, size, modification time, following links) first, its SHA-256 only when
-that moved, so an unchanged file costs one `stat`. Content equal to the last seen is not reloaded. A reload that fails keeps the running config
-(the service logs why); the next change is tried afresh.
+that moved, so an unchanged file costs one `stat`. Content equal to the last seen is not reloaded.
+A reload that fails keeps the running config (the service logs why); the next change is tried
+afresh.
 
 Upstream reloads only `schedulingProfiles` and refuses any other change as unsupported; epick
 reloads the whole file, each plugin whose name, type and parameters did not change keeping its
