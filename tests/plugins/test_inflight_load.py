@@ -190,6 +190,28 @@ def test_affinity_load_gate_breaks_stickiness_past_the_ttft_penalty() -> None:
     assert [ep.name for ep in affinity(light).filter(make_request(), state, eps)] == ["A"]
 
 
+def test_affinity_decisions_are_counted_by_outcome() -> None:
+    """llm-d-router #2494: llm_d_epp_prefix_cache_affinity_filter_decisions_total{plugin_name,outcome}."""
+    eps = [make_endpoint("A"), make_endpoint("B")]
+    sticky = with_match(PrefixMatch(5, BLOCK * 4, {"A": 4}))
+    f = affinity(loaded({"A": 1}, tokens={"A": 300_000}))
+    f.filter(make_request(), sticky, eps)  # 18834.8 ms past the penalty: load_override
+    f.filter(make_request(), with_match(PrefixMatch(5, BLOCK * 4, {})), eps)  # no_match
+    f.filter(make_request(), sticky, eps[:1])  # not_applicable
+    g = affinity(loaded({"A": 1}, tokens={"A": 1000}))
+    g.filter(make_request(), sticky, eps)  # sticky
+    assert f.decisions == {"load_override": 1, "no_match": 1, "not_applicable": 1}
+    assert g.decisions == {"sticky": 1}
+    samples = {(dict(s.labels)["outcome"], s.value) for s in f.metric_samples()}
+    assert samples == {("load_override", 1.0), ("no_match", 1.0), ("not_applicable", 1.0)}
+    sample = next(iter(g.metric_samples()))
+    assert sample.name == "llm_d_epp_prefix_cache_affinity_filter_decisions" and sample.kind == "counter"
+    assert sample.labels == (("plugin_name", g.name), ("outcome", "sticky")) and not sample.plugin_labels
+    explore = affinity(explorationProbability=1.0)
+    explore.filter(make_request(), sticky, eps)
+    assert explore.decisions == {"exploration": 1}
+
+
 def test_affinity_exploration_lets_everyone_through() -> None:
     eps = [make_endpoint("A"), make_endpoint("B")]
     state = with_match(PrefixMatch(5, BLOCK * 4, {"A": 5}))

@@ -22,6 +22,7 @@ from epick.framework import Metrics, Response, Usage
 from epick.requestcontrol.director import Director
 from epick.requestcontrol.metrics import DataLayerErrors, EppMetrics
 from epick.requestcontrol.plugin_metrics import PluginMetrics
+from epick.service.config_watch import ConfigReloads
 from epick.wire.h2 import Status
 from tests.requestcontrol.test_director import rewrites
 
@@ -40,6 +41,7 @@ plugins:
 - type: prefix-cache-scorer
 - type: queue-scorer
 - type: max-score-picker
+- type: prefix-cache-affinity-filter
 - type: precise-prefix-cache-producer
   parameters: {indexerConfig: {kvBlockIndexConfig: {enableMetrics: true}}}
 - type: predicted-latency-producer
@@ -47,6 +49,7 @@ plugins:
 schedulingProfiles:
 - name: default
   plugins:
+  - pluginRef: prefix-cache-affinity-filter
   - pluginRef: prefix-cache-scorer
   - pluginRef: queue-scorer
   - pluginRef: max-score-picker
@@ -104,6 +107,7 @@ async def served() -> dict[str, Any]:
     streams = StreamMetrics()
     streams.closed(streams.opened(), Status.OK)
     metrics.registry.register(streams)
+    metrics.registry.register(ConfigReloads())
     # a disaggregating config's decisions (its profile handler's counters), and the deprecated handler's
     for pd in (load_config_file(str(ROOT / "config" / "pd.yaml")), load_config_text(PD_LEGACY)):
         pd_director = Director(pd, ds.snapshot)

@@ -13,19 +13,27 @@ TTFT minus the best other's must not exceed it, where TTFT = in-flight tokens /
 With `ttftSource: latencyPredictor` the TTFTs are the predictions of
 `latencyPredictionInfoProducerName` (default `predicted-latency-producer`, added when the config has
 none); a candidate without one never counts as the fastest.
+
+Each decision is counted by outcome in llm_d_epp_prefix_cache_affinity_filter_decisions_total
+{plugin_name, outcome} (llm-d-router #2494): `not_applicable` (one candidate, or the filter off),
+`exploration`, `no_match` (none sticky), `missing_signal` (the load gate is on but the sticky or the
+other side has no TTFT estimate), `load_override` (the gate broke stickiness), `sticky`. On a
+missing signal the candidates pass as at ebab687 (the sticky ones unless only they lack an
+estimate), where later upstream versions pass them all.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads
 from epick.framework.datalayer import data_key
+from epick.framework.metrics import LLMD_SUBSYSTEM, MetricSample
 from epick.plugins.latency.predictions import LatencyPrediction, LatencyPredictions, read_predictions
 from epick.plugins.latency.producer import DATA_TYPE as LATENCY_DATA_TYPE
 from epick.plugins.latency.producer import TYPE as LATENCY_TYPE
@@ -88,6 +96,7 @@ class PrefixCacheAffinityFilter(NamedPlugin):
         self.inflight = inflight
         self.latency_key = data_key(LATENCY_DATA_TYPE, latency_producer) if latency_producer else None
         self.rng = rng or random.Random()
+        self.decisions: dict[str, int] = {}  # outcome -> decisions
 
     def ttft_ms(
         self, endpoint: Endpoint, predictions: Mapping[str, LatencyPrediction] | None = None
@@ -104,30 +113,50 @@ class PrefixCacheAffinityFilter(NamedPlugin):
     def filter(
         self, request: InferenceRequest, cycle_state: CycleState, endpoints: Sequence[Endpoint]
     ) -> list[Endpoint]:
+        outcome, kept = self._decide(cycle_state, endpoints)
+        self.decisions[outcome] = self.decisions.get(outcome, 0) + 1
+        return kept
+
+    def _decide(self, cycle_state: CycleState, endpoints: Sequence[Endpoint]) -> tuple[str, list[Endpoint]]:
         p = self.params
         if len(endpoints) <= 1 or p.affinity_threshold <= 0:
-            return list(endpoints)
+            return "not_applicable", list(endpoints)
         if p.exploration_probability > 0 and self.rng.random() < p.exploration_probability:
-            return list(endpoints)
+            return "exploration", list(endpoints)
         match = cycle_state.read(self.match_key, PrefixMatch) if self.match_key else None
         if match is None or match.total_blocks <= 0:
-            return list(endpoints)
+            return "no_match", list(endpoints)
         sticky = [
             ep
             for ep in endpoints
             if match.matched.get(ep.name, 0) / match.total_blocks >= p.affinity_threshold
         ]
         if not sticky:
-            return list(endpoints)
+            return "no_match", list(endpoints)
         others = [ep for ep in endpoints if ep not in sticky]
         if p.max_ttft_penalty_ms > 0 and others:
             predictions = read_predictions(cycle_state, self.latency_key) if self.latency_key else None
             best_sticky = min(self.ttft_ms(ep, predictions) for ep in sticky)
             best_other = min(self.ttft_ms(ep, predictions) for ep in others)
+            missing = math.isinf(best_sticky) or math.isinf(best_other)
             # Neither side predicted (inf − inf): no signal, no gate (upstream's MaxFloat64 − MaxFloat64).
             if best_sticky != best_other and best_sticky - best_other > p.max_ttft_penalty_ms:
-                return list(endpoints)
-        return sticky
+                return ("missing_signal" if missing else "load_override"), list(endpoints)
+            if missing:
+                return "missing_signal", sticky
+        return "sticky", sticky
+
+    # ExportsMetrics
+    def metric_samples(self) -> Iterator[MetricSample]:
+        for outcome, count in sorted(self.decisions.items()):
+            yield MetricSample(
+                f"{LLMD_SUBSYSTEM}_prefix_cache_affinity_filter_decisions",
+                "[ALPHA] Prefix cache affinity filter decisions, by outcome.",
+                "counter",
+                float(count),
+                labels=(("plugin_name", self.name), ("outcome", outcome)),
+                plugin_labels=False,
+            )
 
 
 def _factory(name: str, params: PrefixAffinityParameters, handle: Handle) -> PrefixCacheAffinityFilter:
