@@ -467,17 +467,20 @@ class FakeApiServer:
         namespace: str = "default",
         version: str = "v1",
         app_protocol: str | None = None,
+        picker_ref: bool = True,
     ) -> Json:
-        """Create or update an InferencePool: v1 (`spec.selector.matchLabels`, `spec.targetPorts`) or the
-        older v1alpha2 (`spec.selector` flat, `spec.targetPortNumber`: one port)."""
+        """Create or update an InferencePool: v1 (`spec.selector.matchLabels`, `spec.targetPorts`,
+        `spec.endpointPickerRef` unless `picker_ref` is False: optional since GIE v1.6.0) or the older
+        v1alpha2 (`spec.selector` flat, `spec.targetPortNumber`: one port)."""
         ports = list(ports)
         if version == "v1":
             group = POOL_V1[0]
             spec: Json = {
                 "selector": {"matchLabels": dict(match_labels)},
                 "targetPorts": [{"number": p} for p in ports],
-                "endpointPickerRef": {"name": f"{name}-epp", "port": {"number": 9002}},
             }
+            if picker_ref:
+                spec["endpointPickerRef"] = {"name": f"{name}-epp", "port": {"number": 9002}}
             if app_protocol is not None:
                 spec["appProtocol"] = app_protocol
         elif version == "v1alpha2":

@@ -193,6 +193,16 @@ async def test_inference_pool_v1(fake: FakeApiServer, make: Make, ds: Datastore)
     await wait_names(ds, {"a", "c"})
 
 
+async def test_a_pool_without_an_endpoint_picker_ref_is_read(
+    fake: FakeApiServer, make: Make, ds: Datastore
+) -> None:
+    """GIE v1.6.0 made spec.endpointPickerRef optional (#2898): the EPP never reads it."""
+    fake.put_pool("pool", VLLM, [8000], picker_ref=False)
+    fake.add_pod("a", VLLM, "10.0.0.1")
+    await make(pool="pool")
+    assert ds.specs() == [EndpointSpec("a", "10.0.0.1", 8000, VLLM, "a")]
+
+
 async def test_inference_pool_v1_with_several_ports(fake: FakeApiServer, make: Make, ds: Datastore) -> None:
     fake.put_pool("pool", VLLM, [8000, 8001])
     fake.add_pod("a", VLLM, "10.0.0.1")
