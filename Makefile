@@ -24,9 +24,9 @@ test: $(STAMP)
 	$(BIN)/pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
-	$(BIN)/mypy src
+	$(BIN)/ruff check src tests benchmarks examples scripts/upstream-inventory scripts/lock-image
+	$(BIN)/ruff format --check src tests benchmarks examples scripts/upstream-inventory scripts/lock-image
+	$(BIN)/mypy src scripts/upstream-inventory
 
 format: $(STAMP)
 	$(BIN)/ruff format src tests benchmarks examples
