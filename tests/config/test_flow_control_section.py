@@ -225,3 +225,55 @@ def test_a_band_may_set_its_own_request_ttl() -> None:
     assert s.template_for(7).default_request_ttl == 30.0  # a band provisioned from the template
     found = dict(issues("flowControl:\n  priorityBands:\n  - {priority: 1, defaultRequestTTL: -5s}\n"))
     assert "flowControl.priorityBands[0].defaultRequestTTL" in found
+
+
+MAX_DETECTOR = """\
+plugins:
+- {name: util, type: utilization-detector, parameters: {queueDepthThreshold: 4}}
+- {name: conc, type: concurrency-detector, parameters: {maxConcurrency: 2}}
+- name: both
+  type: max-saturation-detector
+  parameters: {detectors: [util, conc], stages: {conc: [decode]}}
+- {name: strict, type: strict-band-selection-policy}
+flowControl:
+  saturationDetector: {pluginRef: both}
+  bandSelectionPolicyPluginRef: strict
+"""
+
+
+def test_a_max_saturation_detector_combines_the_named_detectors() -> None:
+    """llm-d-router #2827 and #2920: the composite detector and the band-selection reference."""
+    config = load("featureGates: [flowControl]\n" + MAX_DETECTOR)
+    both = config.plugins["both"]
+    assert config.saturation_detector is both
+    assert config.flow_control is not None and config.flow_control.band_selection is config.plugins["strict"]
+    from epick.plugins.flowcontrol.max_saturation import MaxSaturationDetector
+
+    assert isinstance(both, MaxSaturationDetector)
+    assert [name for name, _ in both.detectors] == ["util", "conc"]
+    assert both.stages == {"conc": frozenset({"decode"})}
+
+
+@pytest.mark.parametrize(
+    ("parameters", "path", "message"),
+    [
+        ("{detectors: []}", "detectors", "at least 1 item"),
+        ("{detectors: [nope]}", "detectors[0]", "no plugin named 'nope'"),
+        ("{detectors: [strict]}", "detectors[0]", "is not a saturation detector"),
+        ("{detectors: [util, util]}", "detectors[1]", "listed twice"),
+        ("{detectors: [util], stages: {conc: [decode]}}", "stages.conc", "is not one of the detectors"),
+        ("{detectors: [util], stages: {util: [encode]}}", "stages.util[0]", "'encode' is not allowed"),
+    ],
+)
+def test_max_saturation_detector_parameters_are_checked(parameters: str, path: str, message: str) -> None:
+    text = MAX_DETECTOR.replace("{detectors: [util, conc], stages: {conc: [decode]}}", parameters)
+    found = dict(issues(text))
+    where = f"plugins[2].parameters.{path}"
+    assert any(p.startswith(where) and message in m for p, m in found.items()), found
+
+
+def test_band_selection_must_name_a_band_selection_policy() -> None:
+    found = dict(
+        issues("plugins:\n- type: queue-scorer\nflowControl:\n  bandSelectionPolicyPluginRef: queue-scorer\n")
+    )
+    assert "is not a band-selection policy" in found["flowControl.bandSelectionPolicyPluginRef"]

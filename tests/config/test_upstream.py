@@ -68,7 +68,7 @@ def test_catalogue_is_sorted_unique_and_self_consistent() -> None:
     assert len(names) == len(set(names))
     for t in UPSTREAM_TYPES:
         assert t.origin.startswith("llm-d/llm-d-router, pkg/epp/framework/plugins/"), t
-        assert t.stability in ("alpha", "beta"), t
+        assert t.stability in ("alpha", "beta", "stable"), t
         assert t.kind, t
         # A deprecated type names a replacement that upstream registers, and only those do.
         assert bool(t.deprecated_in) == bool(t.replacement) == bool(t.removal_in), t

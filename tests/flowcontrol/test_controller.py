@@ -424,3 +424,62 @@ def test_every_request_ends_exactly_once_whatever_the_interleaving(script: list[
     ids = [rid for rid, _ in h.outcomes]
     assert sorted(ids) == sorted(i.request.request_id for i in items)  # each exactly once
     assert all(i.outcome is not None for i in items)
+
+
+class StagedDial(NamedPlugin):
+    """A detector answering per stage, recording what it was asked."""
+
+    plugin_type = "staged-dial"
+
+    def __init__(self, values: dict[str, float]) -> None:
+        super().__init__()
+        self.values = values
+        self.asked: list[tuple[str, int]] = []
+
+    def pool_saturation(self, endpoints: Sequence[Endpoint]) -> float:
+        raise AssertionError("a staged detector is asked per stage")
+
+    def stage_saturation(self, stage: str, endpoints: Sequence[Endpoint]) -> float:
+        self.asked.append((stage, len(endpoints)))
+        return self.values.get(stage, 0.0)
+
+
+def test_a_staged_detector_is_asked_per_stage_and_the_max_wins() -> None:
+    from epick.plugins.flowcontrol.max_saturation import MaxSaturationDetector
+
+    staged = StagedDial({"prefill": 0.3, "decode": 0.9, "": 0.5})
+    fc = FlowController(settings_for(), staged, clock=Clock())
+    pool = [make_endpoint("p", role="prefill"), make_endpoint("d", role="decode")]
+    assert fc.saturation(pool) == 0.9
+    assert staged.asked == [("prefill", 1), ("decode", 1)]
+    assert fc.saturation([make_endpoint("x")]) == 0.9 and staged.asked[-1] == ("decode", 1)  # no role
+    assert fc.saturation([make_endpoint("e", role="encode")]) == 0.5 and staged.asked[-1] == ("", 1)
+    # the composite: the highest of its detectors, a detector limited to decode skipped for prefill
+    low, high = Dial(0.2), Dial(0.8)
+    both = MaxSaturationDetector("both", [("low", low), ("high", high)], {"high": ["decode"]})
+    assert both.stage_saturation("prefill", pool) == 0.2
+    assert both.stage_saturation("decode", pool) == 0.8
+    assert both.stage_saturation("", pool) == 0.8  # no stage: every detector
+    samples = {(dict(s.labels)["detector"], dict(s.labels)["stage"]): s.value for s in both.metric_samples()}
+    assert samples[("high", "decode")] == 0.8 and samples[("low", "prefill")] == 0.2
+    assert (
+        MaxSaturationDetector("none", [("high", high)], {"high": ["decode"]}).stage_saturation(
+            "prefill", pool
+        )
+        == 0.0
+    )
+
+
+def test_a_band_selection_policy_orders_the_cycle() -> None:
+    class LowestFirst(NamedPlugin):
+        plugin_type = "lowest-first"
+
+        def rank(
+            self, saturation: float, priorities: Sequence[int], ceilings: Sequence[float], order: list[int]
+        ) -> None:
+            order.reverse()
+
+    h = Harness(dataclasses.replace(settings_for(5), band_selection=LowestFirst()), saturation=0.0)
+    h.submit("high", priority=5)
+    h.submit("low", priority=0)
+    assert h.drain() == ["low", "high"]

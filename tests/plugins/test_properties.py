@@ -211,6 +211,8 @@ class _Handle:
             return LowQueueFilter()
         if name == "approx-prefix-cache-producer":  # the index smallest-cache-scorer reads
             return ApproxPrefixCacheProducer(name)
+        if name == "utilization-detector":  # what max-saturation-detector combines
+            return UtilizationDetector(name)
         raise LookupError(name, "not in this test")  # as the loader's handle says so
 
     def rng(self, name: str) -> random.Random:
@@ -248,6 +250,7 @@ REQUIRED_PARAMETERS = {
     "file-discovery": {"path": "endpoints.yaml"},
     "multicluster-file-discovery": {"path": "clusters.yaml"},
     "shared-state-syncer": {"address": "redis://127.0.0.1:6379"},
+    "max-saturation-detector": {"detectors": ["utilization-detector"]},
     "priority-holdback-policy": {"minCeiling": 0.4},
 }
 

@@ -133,6 +133,7 @@ class FlowControlSection(_Strict):
     )
     priority_bands: list[PriorityBandSection] = Field(default_factory=list, alias="priorityBands")
     usage_limit_policy_plugin_ref: str = Field(default="", alias="usageLimitPolicyPluginRef")
+    band_selection_policy_plugin_ref: str = Field(default="", alias="bandSelectionPolicyPluginRef")
     saturation_detector: SaturationDetectorSection | None = Field(default=None, alias="saturationDetector")
     enable_eviction: bool = Field(default=False, alias="enableEviction")
 

@@ -9,7 +9,12 @@ to its string in its Go package, and a type's origin is the package of the facto
 Kinds follow upstream's package groups (pkg/epp/framework/plugins/<group>/...) and, within a
 package, the interface the plugin implements. The feature gates are the ones that file registers
 with `loader.RegisterFeatureGate` (llm-d/llm-d-router, pkg/epp/config/loader/configloader.go
-validates them: an unknown gate fails the load). Read at llm-d/llm-d-router commit ebab687.
+validates them: an unknown gate fails the load). Read at llm-d/llm-d-router commit ebab687, then
+brought forward to the newest runner.go the code search store holds (7435f357, after ebab687): the
+thirteen types registered since, the new Stable level of ten, priority-holdback-policy's Beta. The
+types upstream removed since (by-label, by-label-selector, disagg-headers-handler,
+prefill-header-handler, pd-profile-handler, precise-prefix-cache-scorer, the tokenizer alias) stay
+here, deprecated, as epick keeps loading the configs that name them.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ class UpstreamType:
     name: str
     kind: str  # filter, scorer, picker, profile handler, data producer, parser, ...
     package: str  # Go package path of its factory, in `repository`
-    stability: str  # "alpha" or "beta", as registered
+    stability: str  # "alpha", "beta" or "stable", as registered
     repository: str = UPSTREAM_REPOSITORY
     deprecated_in: str = ""  # the upstream release that deprecated it ("" when not deprecated)
     removal_in: str = ""  # the release upstream schedules its removal for
@@ -107,7 +112,9 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
     _t("concurrency-detector", "saturation detector", "flowcontrol/saturationdetector/concurrency", "beta"),
     _t("context-length-aware", "scorer", "scheduling/scorer/contextlengthaware", "beta"),
     _t("core-metrics-extractor", "extractor", "datalayer/extractor/metrics", "beta"),
-    _t("data-parallel-profile-handler", "profile handler", "scheduling/profilehandler/dataparallel", "beta"),
+    _t(
+        "data-parallel-profile-handler", "profile handler", "scheduling/profilehandler/dataparallel", "stable"
+    ),
     _t("dcgm-data-source", "data source", "datalayer/source/dcgm", "alpha"),
     _t("dcgm-extractor", "extractor", "datalayer/extractor/dcgm", "alpha"),
     _t("decode-filter", "filter", "scheduling/filter/bylabel", "beta"),
@@ -138,32 +145,44 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
     _t("encode-filter", "filter", "scheduling/filter/bylabel", "beta"),
     _t("endpoint-attribute-filter", "filter", "scheduling/filter/endpointattribute", "alpha"),
     _t("endpoint-attribute-scorer", "scorer", "scheduling/scorer/endpointattribute", "alpha"),
+    _t("endpoint-attribute-weight-scorer", "scorer", "scheduling/scorer/attributeweight", "alpha"),
     _t("endpoint-notification-source", "data source", "datalayer/source/notifications", "beta"),
-    _t("fcfs-ordering-policy", "flow-control ordering policy", "flowcontrol/ordering/fcfs", "beta"),
+    _t("endpoint-pin-screener", "screener", "requestcontrol/screener/endpointpin", "alpha"),
+    _t("fcfs-ordering-policy", "flow-control ordering policy", "flowcontrol/ordering/fcfs", "stable"),
     _t("file-discovery", "endpoint discovery", "datalayer/discovery/file", "beta"),
     _t(
         "global-strict-fairness-policy",
         "flow-control fairness policy",
         "flowcontrol/fairness/globalstrict",
-        "beta",
+        "stable",
     ),
     _t("header-based-testing-filter", "filter", "scheduling/test/filter", "beta", test_only=True),
     _t("header-label-affinity-scorer", "scorer", "scheduling/scorer/headerlabelaffinity", "alpha"),
     _t("header-profile-handler", "profile handler", "scheduling/profilehandler/headerprofile", "alpha"),
     _t("inflight-load-producer", "data producer", "requestcontrol/dataproducer/inflightload", "beta"),
     _t("k8s-notification-source", "data source", "datalayer/source/notifications", "beta"),
+    _t("k8s-peer-discovery", "peer discovery", "datalayer/discovery/k8speer", "alpha"),
     _t("kv-cache-utilization-scorer", "scorer", "scheduling/scorer/kvcacheutilization", "beta"),
-    _t("label-selector-filter", "filter", "scheduling/filter/bylabel", "beta"),
+    _t("label-producer", "extractor", "datalayer/extractor/label", "alpha"),
+    _t("label-selector-filter", "filter", "scheduling/filter/bylabel", "stable"),
+    _t("latency-observation-scorer-hub", "scorer", "scheduling/scorer/latencyobservation", "alpha"),
+    _t(
+        "latency-observer-producer-hub",
+        "data producer",
+        "requestcontrol/dataproducer/latencyobserver",
+        "alpha",
+    ),
     _t("latency-scorer", "scorer", "scheduling/scorer/latency", "beta"),
     _t("latency-slo-admitter", "admitter", "requestcontrol/admitter/latencyslo", "beta"),
     _t("load-aware-scorer", "scorer", "scheduling/scorer/loadaware", "beta"),
     _t("lora-affinity-scorer", "scorer", "scheduling/scorer/loraaffinity", "beta"),
-    _t("max-score-picker", "picker", "scheduling/picker/maxscore", "beta"),
+    _t("max-saturation-detector", "saturation detector", "flowcontrol/saturationdetector/composite", "beta"),
+    _t("max-score-picker", "picker", "scheduling/picker/maxscore", "stable"),
     _t("metrics-data-source", "data source", "datalayer/source/metrics", "beta"),
     _t("mm-embeddings-cache-producer", "data producer", "requestcontrol/dataproducer/multimodal", "beta"),
     _t("mm-embeddings-cache-scorer", "scorer", "scheduling/scorer/mmcacheaffinity", "beta"),
-    _t("models-data-extractor", "extractor", "datalayer/extractor/models", "beta"),
-    _t("models-data-source", "data source", "datalayer/source/models", "beta"),
+    _t("models-data-extractor", "extractor", "datalayer/extractor/models", "stable"),
+    _t("models-data-source", "data source", "datalayer/source/models", "stable"),
     _t(
         "multicluster-approx-prefix-cache-producer",
         "data producer",
@@ -179,6 +198,7 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
     _t("multicluster-session-affinity-filter", "filter", "scheduling/filter/sessionaffinity", "alpha"),
     _t("no-hit-lru-scorer", "scorer", "scheduling/scorer/nohitlru", "beta"),
     _t("openai-parser", "parser", "requesthandling/parsers/openai", "beta"),
+    _t("outlen-bucket", "request-header processor", "requestcontrol/requestheader/outlenbucket", "alpha"),
     _t("p2p-source-producer", "data producer", "requestcontrol/dataproducer/p2psource", "alpha"),
     _t("passthrough-parser", "parser", "requesthandling/parsers/passthrough", "beta"),
     _t(
@@ -215,7 +235,7 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
         "priority-holdback-policy",
         "flow-control usage-limit policy",
         "flowcontrol/usagelimits/priorityholdback",
-        "alpha",
+        "beta",
     ),
     _t(
         "priority-then-time-eviction-order-policy",
@@ -228,7 +248,7 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
         "program-aware-fairness", "flow-control fairness policy", "flowcontrol/fairness/program-aware", "beta"
     ),
     _t("queue-scorer", "scorer", "scheduling/scorer/queuedepth", "beta"),
-    _t("random-picker", "picker", "scheduling/picker/random", "beta"),
+    _t("random-picker", "picker", "scheduling/picker/random", "stable"),
     _t("request-attribute-reporter", "response processor", "requestcontrol/requestattributereporter", "beta"),
     _t(
         "round-robin-fairness-policy",
@@ -237,14 +257,16 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
         "beta",
     ),
     _t("running-requests-size-scorer", "scorer", "scheduling/scorer/runningrequests", "beta"),
+    _t("selective-kv-policy", "pre-request plugin", "requestcontrol/selectivekv", "alpha"),
     _t("session-affinity-filter", "filter", "scheduling/filter/sessionaffinity", "alpha"),
     _t("session-affinity-scorer", "scorer", "scheduling/scorer/sessionaffinity", "alpha"),
     _t("session-id-producer", "data producer", "requestcontrol/dataproducer/sessionid", "beta"),
+    _t("session-state-producer", "data producer", "requestcontrol/dataproducer/sessionstate", "alpha"),
     _t("sglanghttp-parser", "parser", "requesthandling/parsers/sglanghttp", "beta"),
     _t(
         "sheddable-eviction-filter", "flow-control eviction filter", "flowcontrol/eviction/filtering", "alpha"
     ),
-    _t("single-profile-handler", "profile handler", "scheduling/profilehandler/single", "beta"),
+    _t("single-profile-handler", "profile handler", "scheduling/profilehandler/single", "stable"),
     _t(
         "slo-deadline-ordering-policy",
         "flow-control ordering policy",
@@ -259,6 +281,13 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
         "alpha",
     ),
     _t("static-usage-limit-policy", "flow-control usage-limit policy", "flowcontrol/usagelimits", "beta"),
+    _t(
+        "strict-band-selection-policy",
+        "flow-control band-selection policy",
+        "flowcontrol/bandselection",
+        "beta",
+    ),
+    _t("thunder-agent", "request-control plugin", "thunderagent", "alpha"),
     _t("token-load-scorer", "scorer", "scheduling/scorer/tokenload", "beta"),
     _t("token-producer", "data producer", "requestcontrol/dataproducer/tokenizer", "beta"),
     _t(
@@ -273,12 +302,18 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
     _t("topology-affinity-filter", "filter", "scheduling/filter/topologyaffinity", "alpha"),
     _t("topology-affinity-scorer", "scorer", "scheduling/scorer/topologyaffinity", "alpha"),
     _t("topology-extractor", "extractor", "datalayer/extractor/topology", "alpha"),
+    _t(
+        "topology-stamp-handler",
+        "response processor",
+        "requestcontrol/responsereceived/topologystamp",
+        "alpha",
+    ),
     _t("utilization-detector", "saturation detector", "flowcontrol/saturationdetector/utilization", "beta"),
     _t("utilization-filter", "filter", "scheduling/filter/utilization", "alpha"),
     _t("vertexai-parser", "parser", "requesthandling/parsers/vertexai", "beta"),
     _t("vllmgrpc-parser", "parser", "requesthandling/parsers/vllmgrpc", "beta"),
     _t("vllmhttp-parser", "parser", "requesthandling/parsers/vllmhttp", "beta"),
-    _t("weighted-random-picker", "picker", "scheduling/picker/weightedrandom", "beta"),
+    _t("weighted-random-picker", "picker", "scheduling/picker/weightedrandom", "stable"),
 )
 
 _BY_NAME = {t.name: t for t in UPSTREAM_TYPES}

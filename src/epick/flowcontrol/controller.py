@@ -43,7 +43,7 @@ from epick.flowcontrol.registry import BandStats, Registry
 from epick.flowcontrol.settings import FlowControlSettings
 from epick.framework.endpoint import ROLE_LABEL, Endpoint
 from epick.framework.flowcontrol import DEFAULT_FAIRNESS_ID, EvictionItem, FlowKey, requested_ttl
-from epick.framework.interfaces import SaturationDetector
+from epick.framework.interfaces import SaturationDetector, StagedSaturationDetector
 from epick.framework.request import InferenceRequest
 
 log = logging.getLogger(__name__)
@@ -221,7 +221,17 @@ class FlowController:
         except Exception:
             log.exception("usage-limit policy %s failed; bands ungated", self.settings.usage_limit.typed_name)
             ceilings = [1.0] * len(priorities)
-        for index, (priority, ceiling) in enumerate(zip(priorities, ceilings, strict=True)):
+        order: Sequence[int] = range(len(priorities))
+        policy = self.settings.band_selection
+        if policy is not None:
+            ranked = list(order)
+            try:
+                policy.rank(saturation, priorities, ceilings, ranked)
+                order = ranked
+            except Exception:
+                log.exception("band-selection policy %s failed; bands in priority order", policy.typed_name)
+        for index in order:
+            priority, ceiling = priorities[index], ceilings[index]
             if saturation >= ceiling:
                 if self.reclamation is not None:
                     self._maybe_reclaim(saturation, priorities, ceilings, index, now)
@@ -282,17 +292,23 @@ class FlowController:
                 prefill.append(ep)
                 decode.append(ep)
         if not prefill and not decode:
-            value = self.detector.pool_saturation(endpoints)
+            value = self._stage_saturation("", endpoints)
             self.observer.saturation("effective", value)
             return value
         value = -1.0
         for stage, part in (("prefill", prefill), ("decode", decode)):
             if part:
-                stage_value = self.detector.pool_saturation(part)
+                stage_value = self._stage_saturation(stage, part)
                 self.observer.saturation(stage, stage_value)
                 value = max(value, stage_value)
         self.observer.saturation("effective", value)
         return value
+
+    def _stage_saturation(self, stage: str, endpoints: Sequence[Endpoint]) -> float:
+        detector = self.detector
+        if isinstance(detector, StagedSaturationDetector):
+            return detector.stage_saturation(stage, endpoints)
+        return detector.pool_saturation(endpoints)
 
     def sweep(self) -> float | None:
         """Evict the requests past their queue-wait budget (and collect idle flows when due); returns

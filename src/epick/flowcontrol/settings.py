@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from epick.framework.flowcontrol import (
+    BandSelectionPolicy,
     EvictionFilterPolicy,
     EvictionOrderingPolicy,
     FairnessPolicy,
@@ -57,6 +58,8 @@ class FlowControlSettings:
     enable_eviction: bool = False
     eviction_filter: EvictionFilterPolicy | None = None
     eviction_ordering: EvictionOrderingPolicy | None = None
+    # The order the cycle visits the bands in (`bandSelectionPolicyPluginRef`); None: highest first.
+    band_selection: BandSelectionPolicy | None = None
     # Priorities to keep provisioned besides the configured ones (the objectives' priorities).
     desired_priorities: frozenset[int] = field(default_factory=frozenset)
 

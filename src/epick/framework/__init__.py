@@ -29,6 +29,7 @@ from epick.framework.interfaces import (
     SaturationDetector,
     Scorer,
     Screener,
+    StagedSaturationDetector,
     StateDumper,
 )
 from epick.framework.metrics import LLMD_SUBSYSTEM, ExportsMetrics, MetricSample
@@ -110,6 +111,7 @@ __all__ = [
     "Scorer",
     "Screener",
     "Snapshot",
+    "StagedSaturationDetector",
     "StateDumper",
     "TokenizeCall",
     "TokenizedPrompt",

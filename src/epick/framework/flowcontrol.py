@@ -207,6 +207,18 @@ class UsageLimitPolicy(Plugin, Protocol):
     def compute_limit(self, saturation: float, priorities: Sequence[int], ceilings: list[float]) -> None: ...
 
 
+@runtime_checkable
+class BandSelectionPolicy(Plugin, Protocol):
+    """The order a dispatch cycle visits the priority bands in (upstream's `BandSelectionPolicy`,
+    `flowControl.bandSelectionPolicyPluginRef`, llm-d-router #2920): given the cycle's saturation, the
+    bands' priorities (highest first) and their ceilings, rearrange `order` (indices into them,
+    pre-filled highest first) in place."""
+
+    def rank(
+        self, saturation: float, priorities: Sequence[int], ceilings: Sequence[float], order: list[int]
+    ) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class EvictionItem:
     """An in-flight (dispatched) request that might be evicted to free capacity."""

@@ -200,6 +200,15 @@ class SaturationDetector(Plugin, Protocol):
     def pool_saturation(self, endpoints: Sequence[Endpoint]) -> float: ...
 
 
+@runtime_checkable
+class StagedSaturationDetector(SaturationDetector, Protocol):
+    """A saturation detector that answers differently per stage: flow control asks it for the
+    prefill endpoints ("prefill"), the decode endpoints ("decode"; an endpoint without a role is
+    one), or the whole pool ("") when none is either (upstream's `SaturationStageFromContext`)."""
+
+    def stage_saturation(self, stage: str, endpoints: Sequence[Endpoint]) -> float: ...
+
+
 class PluginTimer(Protocol):
     """Receives how long each plugin call took (the service turns it into a metric)."""
 

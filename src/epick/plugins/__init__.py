@@ -24,7 +24,15 @@ from epick.plugins.filters import (
 )
 from epick.plugins.filters import endpoint_attribute as endpoint_attribute_filter
 from epick.plugins.filters import topology_affinity as topology_affinity_filter
-from epick.plugins.flowcontrol import eviction, fairness, ordering, program_aware, usage_limits
+from epick.plugins.flowcontrol import (
+    band_selection,
+    eviction,
+    fairness,
+    max_saturation,
+    ordering,
+    program_aware,
+    usage_limits,
+)
 from epick.plugins.latency import admitter as latency_admitter
 from epick.plugins.latency import cost_scorer as latency_cost_scorer
 from epick.plugins.latency import gie_scorer as predicted_latency_scorer
@@ -152,6 +160,8 @@ def in_tree_plugins() -> list[PluginSpec]:
         ordering.SLO_DEADLINE_SPEC,
         fairness.GLOBAL_STRICT_SPEC,
         fairness.ROUND_ROBIN_SPEC,
+        band_selection.SPEC,
+        max_saturation.SPEC,
         program_aware.SPEC,
         usage_limits.STATIC_SPEC,
         usage_limits.PRIORITY_HOLDBACK_SPEC,

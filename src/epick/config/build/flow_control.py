@@ -19,6 +19,7 @@ from epick.flowcontrol import BandSettings, FlowControlSettings
 from epick.flowcontrol.settings import DEFAULT_BAND_MAX_BYTES, DEFAULT_BAND_MAX_REQUESTS, DEFAULT_REQUEST_TTL
 from epick.framework import Endpoint, Plugin, SaturationDetector, TypedName
 from epick.framework.flowcontrol import (
+    BandSelectionPolicy,
     EvictionFilterPolicy,
     EvictionOrderingPolicy,
     FairnessPolicy,
@@ -52,6 +53,7 @@ def build_flow_control(b: PluginBuilder) -> FlowControlSettings | None:
     usage_limit = _usage_limit(
         b, ref or DEFAULT_USAGE_LIMIT_POLICY, "flowControl.usageLimitPolicyPluginRef", default=not ref
     )
+    band_selection = _band_selection(b, section.band_selection_policy_plugin_ref)
     if ordering is None or fairness is None:
         return None
     defaults = BandSettings(0, ordering, fairness)
@@ -89,7 +91,25 @@ def build_flow_control(b: PluginBuilder) -> FlowControlSettings | None:
         enable_eviction=section.enable_eviction,
         eviction_filter=eviction_filter,
         eviction_ordering=eviction_ordering,
+        band_selection=band_selection,
     )
+
+
+def _band_selection(b: PluginBuilder, ref: str) -> BandSelectionPolicy | None:
+    """The policy `bandSelectionPolicyPluginRef` names (None: highest priority first)."""
+    if not ref:
+        return None
+    path = "flowControl.bandSelectionPolicyPluginRef"
+    plugin = b.instances.get(ref)
+    if plugin is None:
+        b.fail(
+            path, f"{ref!r} is not a plugin of this config", "define a strict-band-selection-policy plugin"
+        )
+        return None
+    if not isinstance(plugin, BandSelectionPolicy):
+        b.fail(path, f"plugin {ref!r} ({plugin.typed_name.type}) is not a band-selection policy")
+        return None
+    return plugin
 
 
 def _bands(b: PluginBuilder, section: FlowControlSection, defaults: BandSettings) -> dict[int, BandSettings]:
