@@ -237,7 +237,20 @@ class Scraper:
             if self.share is not None:
                 await asyncio.sleep(self.until_turn(time.time()))
             else:
-                await asyncio.sleep(max(0.0, self.interval - (loop.time() - started)))
+                await asyncio.sleep(self.until_tick(loop.time(), started))
+
+    def until_tick(self, now: float, started: float) -> float:
+        """Seconds from `now` (the loop's clock) to the next tick: ticks fall on the multiples of the
+        interval, the same for every scraper of the interval, so the scrapes of a pool go out in one
+        turn of the event loop and their answers are read in few (one wake-up for many scrapes, not
+        one each); a scrape that ran past a tick waits for the next."""
+        interval = self.interval
+        if interval <= 0:
+            return 0.0
+        wait = interval - (now % interval)
+        if now - started + wait < interval / 2:  # this scrape began just before the tick it would meet
+            wait += interval
+        return wait
 
     def until_turn(self, now: float) -> float:
         """Seconds from `now` (wall clock) to this worker's next turn to scrape the endpoint: turns
