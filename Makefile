@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_workers.py
 	$(BIN)/python benchmarks/bench_replicas.py --quick
 	$(BIN)/python benchmarks/bench_scrapes.py --quick
+	$(BIN)/python benchmarks/bench_idle.py --quick
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/bench_dataplane.py
 	$(BIN)/python benchmarks/bench_http_stacks.py --quick

@@ -392,3 +392,61 @@ async def test_scrape_after_a_timeout_reads_the_current_page(
         assert ds.get("slow").metrics.waiting_queue_size == 9  # type: ignore[union-attr]
     finally:
         release.set()
+
+
+class FilteringApp(MetricsApp):
+    """prometheus_client's exposition: `?name[]=` keeps only those samples' lines (with `refuse`, any
+    query is answered 400, as a server that takes none)."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        super().__init__()
+        self.refuse = refuse
+        self.queries: list[list[str]] = []
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        self.hits += 1
+        wanted = request.query.getall("name[]", [])
+        self.queries.append(wanted)
+        if wanted and self.refuse:
+            return web.Response(text="no queries here", status=400)
+        if not wanted:
+            return web.Response(text=self.page, content_type="text/plain")
+        kept = "".join(
+            line + "\n" for line in self.page.splitlines() if line.split("{")[0].split(" ")[0] in wanted
+        )
+        return web.Response(text=kept, content_type="text/plain")
+
+
+async def test_only_the_samples_the_extractors_read_are_asked_for(
+    make_app: MakeApp, make_scraper: MakeScraper
+) -> None:
+    fake = FilteringApp()
+    server = await make_app(fake.app())
+    ds = Datastore()
+    spec = spec_for(server.host_port, "a")
+    ds.upsert(spec)
+    scraper = make_scraper(spec, ds, timeout=1.0)
+    await scraper.scrape_once()
+    await scraper.scrape_once()
+    assert fake.queries[0] == sorted(fake.queries[0]) and "vllm:num_requests_waiting" in fake.queries[0]
+    assert {"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"} <= set(fake.queries[0])
+    assert len(fake.queries) == 2 and fake.queries[1] == fake.queries[0]  # one GET each, filtered
+    got = ds.get("a")
+    assert got is not None and (got.metrics.waiting_queue_size, got.metrics.running_requests_size) == (2, 1)
+
+
+async def test_a_server_refusing_the_filter_is_asked_for_the_whole_page_from_then_on(
+    make_app: MakeApp, make_scraper: MakeScraper, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    fake = FilteringApp(refuse=True)
+    server = await make_app(fake.app())
+    ds = Datastore()
+    spec = spec_for(server.host_port, "b")
+    ds.upsert(spec)
+    scraper = make_scraper(spec, ds, timeout=1.0)
+    for _ in range(3):
+        await scraper.scrape_once()
+    assert [bool(q) for q in fake.queries] == [True, False, False, False]
+    assert scraper.failures == 0 and scraper.scrapes == 3 and scraper.filtered is None
+    assert any("asking for the whole page" in m for m in infos_about(caplog, "b"))

@@ -469,6 +469,21 @@ HISTOGRAMS = (
 )
 
 
+async def test_metrics_honours_name_filters_as_prometheus_client_does(
+    make_server: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    """vLLM's /metrics (prometheus_client's exposition) answers `?name[]=` with those samples only."""
+    server = await make_server(model="m1")
+    query = "name[]=vllm:num_requests_waiting&name[]=vllm:prompt_tokens_total&name[]=vllm:cache_config_info"
+    async with http.get(f"{server.url}/metrics?{query}") as r:
+        assert r.status == 200
+        text = await r.text()
+    names = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and line[0] != "#"}
+    assert names == {"vllm:num_requests_waiting", "vllm:prompt_tokens_total", "vllm:cache_config_info"}
+    async with http.get(f"{server.url}/metrics") as r:
+        assert len(await r.text()) > 5 * len(text)
+
+
 async def test_metrics_names_types_and_labels(
     make_server: ServerFactory, http: aiohttp.ClientSession
 ) -> None:

@@ -185,11 +185,23 @@ class MetricsClient:
         self.port = port
         self.timeout = timeout
         self.tls = tls
+        self.accept = accept
+        self._request = b""
+        self.path = path
+        self._conn: _Answer | None = None
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @path.setter
+    def path(self, path: str) -> None:
+        """The path (and query) each GET asks for, from the next one on."""
+        self._path = path
         self._request = (
-            f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: {accept}\r\n"
+            f"GET {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nAccept: {self.accept}\r\n"
             "Accept-Encoding: identity\r\nUser-Agent: epick\r\n\r\n"
         ).encode()
-        self._conn: _Answer | None = None
 
     async def get(self) -> tuple[int, str]:
         """(status, body text). Raises OSError, TimeoutError or HTTPError."""

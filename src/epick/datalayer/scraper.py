@@ -12,6 +12,14 @@ the endpoint leaves the scheduling candidates until a scrape succeeds again. Oth
 /v1/models) never make an endpoint unhealthy: their attributes just stop changing.
 Extractors of endpoint notifications (`topology-extractor`) run as endpoints appear and change.
 
+A Prometheus source whose extractors all say which samples they read (`FamilyReader`: the core
+metrics extractor does) asks for those alone: `/metrics?name[]=vllm:num_requests_waiting&...`, which
+prometheus_client's exposition (vLLM's, SGLang's) answers with those families only, a page of a few
+hundred bytes instead of tens of kilobytes, cheaper for the server to write and for epick to read. A
+server that ignores the query answers the whole page, read as before; one that refuses it (an error
+status), or whose filtered page lacks what the extractors need, is asked without the query from then
+on (logged once). Upstream's EPP always reads the whole page.
+
 Under `epick serve --workers N` the workers take turns (`ScraperPool.share`): worker k scrapes an
 endpoint's core metrics in the k-th of every N intervals, slots set on the wall clock that every
 worker reads, so the model server is scraped once per interval as by one process, not N times. Each
@@ -31,12 +39,20 @@ import ssl
 import time
 import zlib
 from collections.abc import Callable
+from urllib.parse import quote
 
 from epick.config.datalayer import DataLayerPlan, PolledSource
 from epick.datalayer.datastore import Datastore, EndpointSpec
 from epick.datalayer.http import HTTPError, MetricsClient, tls_context
 from epick.framework import Endpoint
-from epick.framework.datalayer import CoreMetricsReader, ExtractError, PollTarget
+from epick.framework.datalayer import (
+    CoreMetricsReader,
+    Extracted,
+    ExtractError,
+    FamilyReader,
+    MissingDataError,
+    PollTarget,
+)
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +97,33 @@ class ScrapeErrors:
         self.extract[key] = self.extract.get(key, 0) + 1
 
 
+# What a scrape may meet: no answer, a bad answer, or one its extractors cannot read.
+_SCRAPE_ERRORS = (
+    TimeoutError,
+    OSError,
+    EOFError,
+    HTTPError,
+    ExtractError,
+    ValueError,
+    asyncio.LimitOverrunError,  # a response head longer than the client reads
+    OverflowError,
+)
+
+
+class _UnreadError(Exception):
+    """An answer came and could not be read: `error`, by `extractor` (None: an error status)."""
+
+    def __init__(self, error: BaseException, extractor: str | None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.extractor = extractor
+
+    @property
+    def blames_filter(self) -> bool:
+        """Whether asking for the whole page may help: an error status, or a page lacking what is read."""
+        return self.extractor is None or isinstance(self.error, MissingDataError)
+
+
 class Scraper:
     def __init__(
         self,
@@ -107,11 +150,12 @@ class Scraper:
         self.url = self.target.url
         self.client: MetricsClient | None = None
         self.setup_error: str | None = None
+        self.filtered = self._filtered_path()  # the path with `?name[]=` (None: the whole page)
         try:
             self.client = MetricsClient(
                 self.target.host,
                 self.target.port,
-                self.target.path,
+                self.filtered or self.target.path,
                 timeout,
                 tls=_tls(self.target),
                 accept="application/json" if source.payload == "json" else "text/plain",
@@ -138,6 +182,24 @@ class Scraper:
         self.consecutive_failures = 0
         self._task: asyncio.Task[None] | None = None
 
+    def _filtered_path(self) -> str | None:
+        """The source's path asking for only the samples its extractors read, when all of them say."""
+        if self.polled.source.payload != "prometheus" or not self.polled.extractors:
+            return None
+        names: set[str] = set()
+        for extractor in self.polled.extractors:
+            if not isinstance(extractor, FamilyReader):
+                return None
+            wanted = extractor.families(self.endpoint)
+            if wanted is None:
+                return None
+            names |= wanted
+        if not names:
+            return None
+        query = "&".join(f"name[]={quote(n, safe=':_')}" for n in sorted(names))
+        path = self.target.path
+        return f"{path}{'&' if '?' in path else '?'}{query}"
+
     def start(self) -> None:
         name = f"scrape {self.spec.name} {self.polled.source.typed_name}"
         self._task = asyncio.create_task(self._run(), name=name)
@@ -152,45 +214,31 @@ class Scraper:
 
     async def scrape_once(self) -> None:
         started = time.time()
-        extractor: str | None = None  # set once an answer came: what failed then is its reading
         try:
             if self.setup_error is not None or self.client is None:
                 raise ExtractError(self.setup_error or "no client")
-            status, text = await self.client.get()
-            if status != 200:
-                raise ExtractError(f"HTTP {status}")
-            payload: str | object = text
-            source = self.polled.source.typed_name.type
-            if self.polled.source.payload == "json":
-                extractor = source
+            try:
+                results = await self._read(self.client, started)
+            except _UnreadError as e:
+                if not e.blames_filter or self.filtered is None or self.client.path != self.filtered:
+                    raise
+                # Asked for the whole page: when that reads, the server is asked so from then on.
+                self.client.path = self.target.path
                 try:
-                    payload = json.loads(text)
-                except ValueError as e:
-                    raise ExtractError(f"not JSON: {e}") from None
-            results = []
-            for each in self.polled.extractors:
-                extractor = each.typed_name.type
-                results.append(each.extract(payload, self.endpoint, started))
-        except (
-            TimeoutError,
-            OSError,
-            EOFError,
-            HTTPError,
-            ExtractError,
-            ValueError,
-            asyncio.LimitOverrunError,  # a response head longer than the client reads
-            OverflowError,
-        ) as e:
-            self.failures += 1
-            source = self.polled.source.typed_name.type
-            if extractor is None:
-                self.errors.polled(source)
-            else:
-                self.errors.extracted(source, extractor)
-            self.failed()
-            if self.drives_health and self.on_failure is not None:
-                self.on_failure(self.spec.name)
-            self._report(f"{type(e).__name__}: {e}" if not isinstance(e, ExtractError) else str(e))
+                    results = await self._read(self.client, started)
+                except BaseException:
+                    self.client.path = self.filtered
+                    raise
+                log.info(
+                    "%s (%s) refuses or mis-answers a filtered scrape (%s); asking for the whole page",
+                    self.spec.name, self.url, e,
+                )  # fmt: skip
+                self.filtered = None
+        except _UnreadError as e:  # an answer came, and `e.extractor` could not read it
+            self._failed(e.error, e.extractor)
+            return
+        except _SCRAPE_ERRORS as e:
+            self._failed(e, None)
             return
         self.scrapes += 1
         for result in results:
@@ -200,6 +248,41 @@ class Scraper:
                 self.datastore.update_attributes(self.spec.name, result.attributes)
         self.succeeded()
         self._report(None)
+
+    async def _read(self, client: MetricsClient, started: float) -> list[Extracted]:
+        """One GET and what the extractors read of it. An answer they cannot read raises `_UnreadError`
+        naming which (an HTTP error status is a failed poll, as upstream counts it)."""
+        status, text = await client.get()
+        if status != 200:
+            raise _UnreadError(ExtractError(f"HTTP {status}"), None)
+        payload: str | object = text
+        if self.polled.source.payload == "json":
+            try:
+                payload = json.loads(text)
+            except ValueError as e:
+                source = self.polled.source.typed_name.type
+                raise _UnreadError(ExtractError(f"not JSON: {e}"), source) from None
+        results = []
+        for each in self.polled.extractors:
+            try:
+                results.append(each.extract(payload, self.endpoint, started))
+            except _SCRAPE_ERRORS as e:
+                raise _UnreadError(e, each.typed_name.type) from None
+        return results
+
+    def _failed(self, error: BaseException, extractor: str | None) -> None:
+        self.failures += 1
+        source = self.polled.source.typed_name.type
+        if extractor is None:
+            self.errors.polled(source)
+        else:
+            self.errors.extracted(source, extractor)
+        self.failed()
+        if self.drives_health and self.on_failure is not None:
+            self.on_failure(self.spec.name)
+        self._report(
+            f"{type(error).__name__}: {error}" if not isinstance(error, ExtractError) else str(error)
+        )
 
     def failed(self) -> None:
         """A scrape of the endpoint failed, this worker's or another's: after `unhealthy_after` in a

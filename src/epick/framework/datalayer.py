@@ -59,6 +59,10 @@ class ExtractError(ValueError):
     """A payload an extractor cannot read; the message names what is wrong."""
 
 
+class MissingDataError(ExtractError):
+    """The payload lacks what the extractor reads (as opposed to holding it unreadable)."""
+
+
 @runtime_checkable
 class PollingSource(Plugin, Protocol):
     """Fetches a payload from every endpoint, every `interval` seconds (None: the service's
@@ -125,6 +129,15 @@ class PollingExtractor(Plugin, Protocol):
         """`payload` is the text of a Prometheus page, or a decoded JSON document. Raises
         `ExtractError` naming what is wrong."""
         ...
+
+
+@runtime_checkable
+class FamilyReader(PollingExtractor, Protocol):
+    """An extractor of Prometheus pages that reads only some samples: their names, for one endpoint
+    (None: it needs the whole page). When every extractor of a source says, the data layer asks the
+    server for those alone (`?name[]=`, which prometheus_client's exposition honours)."""
+
+    def families(self, endpoint: Endpoint) -> frozenset[str] | None: ...
 
 
 @runtime_checkable

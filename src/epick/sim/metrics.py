@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -177,9 +177,29 @@ class ServerMetrics:
             self.model
         )
 
-    def exposition(self) -> bytes:
-        """The /metrics page, in the Prometheus text format."""
+    def exposition(self, names: Sequence[str] = ()) -> bytes:
+        """The /metrics page, in the Prometheus text format; with `names`, only those samples, as
+        vLLM's page (prometheus_client's exposition) answers `?name[]=`."""
+        if names:
+            return generate_latest(_Only(self._exposed, frozenset(names)))
         return generate_latest(self._exposed)
 
     def success(self, finished_reason: str) -> None:
         self._success.labels(self.model, finished_reason).inc()
+
+
+class _Only:
+    """The samples of `registry` named in `names` (what `?name[]=` asks prometheus_client's exposition
+    for; its own `restricted_registry` needs collectors that describe themselves)."""
+
+    def __init__(self, registry: CollectorRegistry, names: frozenset[str]) -> None:
+        self.registry = registry
+        self.names = names
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            samples = [s for s in family.samples if s.name in self.names]
+            if samples:
+                kept = Metric(family.name, family.documentation, family.type, family.unit)
+                kept.samples = samples
+                yield kept

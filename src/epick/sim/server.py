@@ -216,7 +216,10 @@ class SimServer:
         return web.Response(status=200)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        names = request.query.getall("name[]", [])
+        return web.Response(
+            body=self.metrics.exposition(names), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
 
     async def _models(self, request: web.Request) -> web.Response:
         created = int(time.time())

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pydantic import Field, field_validator, model_validator
 
 from epick.framework import Endpoint, NamedPlugin, Reads
-from epick.framework.datalayer import Extracted, ExtractError, Payload, data_key
+from epick.framework.datalayer import Extracted, ExtractError, MissingDataError, Payload, data_key
 from epick.plugins.datalayer.engines import (
     DEFAULT_ENGINE,
     ENGINE_LABEL,
@@ -35,7 +35,12 @@ from epick.plugins.datalayer.engines import (
     EngineMetricNames,
     MetricSpec,
 )
-from epick.plugins.datalayer.prometheus import MetricsParseError, parse_metrics, read_scalar
+from epick.plugins.datalayer.prometheus import (
+    MetricsParseError,
+    MissingMetricsError,
+    parse_metrics,
+    read_scalar,
+)
 from epick.plugins.registry import Handle, ParameterError, Parameters, PluginSpec
 
 TYPE = "core-metrics-extractor"
@@ -167,6 +172,24 @@ class CoreMetricsExtractor(NamedPlugin):
     def only_shared_fields(self) -> bool:
         return not self.custom
 
+    def families(self, endpoint: Endpoint) -> frozenset[str] | None:
+        """The sample names it reads of the endpoint's page: its engine's, and the custom metrics'."""
+        try:
+            names = self.names_for(endpoint)
+        except ExtractError:
+            return None
+        specs = (
+            names.waiting,
+            names.running,
+            *names.kv_usage,
+            names.lora_info,
+            names.cache_info,
+            names.cache_block_size,
+            names.cache_num_blocks,
+            *(spec for _, spec in self.custom.get(self.engine_of(endpoint.labels), ())),
+        )
+        return frozenset(spec.name for spec in specs if spec is not None)
+
     def engine_of(self, labels: Mapping[str, str]) -> str:
         """The engine an endpoint's labels name (this extractor's label, then GIE's), or the default."""
         return labels.get(self.engine_label_key) or labels.get(LEGACY_ENGINE_LABEL) or self.default_engine
@@ -187,6 +210,8 @@ class CoreMetricsExtractor(NamedPlugin):
         names = self.names_for(endpoint)
         try:
             metrics = parse_metrics(payload, names, update_time=now)
+        except MissingMetricsError as e:
+            raise MissingDataError(str(e)) from None
         except MetricsParseError as e:
             raise ExtractError(str(e)) from None
         # A custom metric the page lacks is not set (and not an error for the core metrics, as

@@ -23,6 +23,10 @@ class MetricsParseError(ValueError):
     """The page is not what a model server exposes; the message says what is wrong."""
 
 
+class MissingMetricsError(MetricsParseError):
+    """The page lacks metrics the engine's names say it has."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Sample:
     labels: dict[str, str]
@@ -104,7 +108,7 @@ def parse_metrics(text: str, names: EngineMetricNames, *, update_time: float | N
     if names.kv_usage and kv_spec is None:
         missing.append(" or ".join(str(k) for k in names.kv_usage))
     if missing:
-        raise MetricsParseError(f"missing metrics: {', '.join(missing)}")
+        raise MissingMetricsError(f"missing metrics: {', '.join(missing)}")
     waiting = _sum(waiting_samples, str(names.waiting))  # a metric the engine config disables: 0
     running = _sum(running_samples, str(names.running))
     kv = max(_values(kv_samples, str(kv_spec))) if kv_spec is not None else 0.0  # no KV metric: 0
