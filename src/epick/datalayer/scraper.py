@@ -37,7 +37,6 @@ import json
 import logging
 import ssl
 import time
-import zlib
 from collections.abc import Callable
 from urllib.parse import quote
 
@@ -337,16 +336,16 @@ class Scraper:
 
     def until_turn(self, now: float) -> float:
         """Seconds from `now` (wall clock) to this worker's next turn to scrape the endpoint: turns
-        come every n intervals, worker k's k intervals into each round, each endpoint at an offset
-        of its own within the interval (so one worker's scrapes do not all start at once). A turn
-        less than half an interval away is skipped: the scrape just made was that turn's."""
+        come every n intervals, worker k's k intervals into each round, every endpoint's at the
+        same moment: the worker's scrapes go out in one turn of its event loop, and their outcomes
+        reach the other workers as one batch, one wake-up each, not one per endpoint. A turn less
+        than half an interval away is skipped: the scrape just made was that turn's."""
         assert self.share is not None
         worker, workers = self.share
         period = self.interval * workers
         if period <= 0:
             return 0.0
-        offset = (zlib.crc32(self.spec.name.encode()) % 1000) / 1000 * self.interval
-        turn = worker * self.interval + offset
+        turn = worker * self.interval
         wait = (turn - now) % period
         return wait if wait >= self.interval / 2 else wait + period
 

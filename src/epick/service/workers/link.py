@@ -19,6 +19,8 @@ from epick.service.workers.frames import HEAD, frame
 
 log = logging.getLogger(__name__)
 
+LAZY_FLUSH_S = 0.01  # how long a lazy update may wait for others to leave with
+
 
 class WorkerLink:
     """Connects a worker's replicated plugins to the hub: publishes what they record, applies what
@@ -34,11 +36,17 @@ class WorkerLink:
         index: int,
         config: Callable[[], LoadedConfig],
         shared: Mapping[str, Replicated] | None = None,
+        *,
+        lazy: frozenset[str] = frozenset(),
     ) -> None:
         self.hub_path = hub_path
         self.index = index
         self.config = config  # the running config (replaced on reload)
         self.shared = dict(shared or {})  # replicated state outside the config (endpoint metrics)
+        # Whose updates may wait up to LAZY_FLUSH_S to leave with others (the endpoint metrics: one
+        # frame for a tick's scrapes, one wake-up of the hub and of each worker, not one per scrape).
+        self.lazy = lazy
+        self._lazy_timer: asyncio.TimerHandle | None = None
         self._sock: socket.socket | None = None
         self._in = bytearray()
         self._out = bytearray()  # what the socket did not take yet
@@ -114,14 +122,23 @@ class WorkerLink:
             if self.tee is not None:
                 self.tee(name, update)
             self._outbox.append([name, update])
-            if not self._flush_pending:
+            if self._flush_pending:
+                return
+            loop = asyncio.get_running_loop()
+            if name in self.lazy:
+                if self._lazy_timer is None:
+                    self._lazy_timer = loop.call_later(LAZY_FLUSH_S, self._flush)
+            else:
                 self._flush_pending = True
-                asyncio.get_running_loop().call_soon(self._flush)
+                loop.call_soon(self._flush)
 
         return publish
 
     def _flush(self) -> None:
         self._flush_pending = False
+        if self._lazy_timer is not None:
+            self._lazy_timer.cancel()
+            self._lazy_timer = None
         items, self._outbox = self._outbox, []
         if items:
             self._send(frame({"t": "u", "from": self.index, "items": items}))

@@ -70,6 +70,7 @@ async def run_worker(settings: Settings, role: Role) -> None:
         role.index,
         lambda: service.director.config,
         shared={SHARED_METRICS: SharedMetrics(service.datastore, service.scrapers)},
+        lazy=frozenset({SHARED_METRICS}),
     )
     await link.connect()  # the shared state first: then serve
     service.director.before_schedule = link.catch_up
