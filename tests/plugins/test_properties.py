@@ -71,6 +71,7 @@ from epick.plugins.prefix.producer import ApproxPrefixCacheProducer
 from epick.plugins.prefix.scorer import MultiClusterPrefixCacheScorer, PrefixCacheScorer
 from epick.plugins.prefix.smallest_cache import SmallestCacheScorer
 from epick.plugins.scorers.active_request import ActiveRequestScorer
+from epick.plugins.scorers.attribute_weight import EndpointAttributeWeightScorer
 from epick.plugins.scorers.context_length_aware import ContextLengthAware
 from epick.plugins.scorers.endpoint_attribute import EndpointAttributeScorer
 from epick.plugins.scorers.header_label_affinity import HeaderLabelAffinityScorer
@@ -202,6 +203,7 @@ def every_scorer(clock: FakeClock, inflight: InFlightLoadProducer | None = None)
         LatencyCostScorer(),
         PredictedLatencyScorer(prefix_producer="approx-prefix-cache-producer", rng=random.Random(0)),
         SmallestCacheScorer(producer="approx-prefix-cache-producer", index=PrefixIndex(16)),
+        EndpointAttributeWeightScorer(None, "gpu/", {"a": 2.0, "b": 1.0}),
     ]
 
 
@@ -252,6 +254,8 @@ REQUIRED_PARAMETERS = {
     "shared-state-syncer": {"address": "redis://127.0.0.1:6379"},
     "max-saturation-detector": {"detectors": ["utilization-detector"]},
     "priority-holdback-policy": {"minCeiling": 0.4},
+    "endpoint-attribute-weight-scorer": {"attributeKey": "gpu", "producer": "", "weights": {"a": 2, "b": 1}},
+    "label-producer": {"labels": [{"label": "gpu", "attributeKey": "gpu"}]},
 }
 
 
@@ -314,7 +318,7 @@ def test_scores_are_in_unit_interval_for_valid_metrics(
 @given(
     request=requests(),
     endpoints=endpoint_lists(wild=True),
-    weights=st.lists(st.floats(0.0, 10.0), min_size=24, max_size=24),
+    weights=st.lists(st.floats(0.0, 10.0), min_size=25, max_size=25),
     seed=st.integers(0, 2**16),
 )
 def test_scores_after_the_runtime_clamps_are_in_unit_interval(

@@ -6,6 +6,7 @@ from epick.plugins.datalayer import (
     core_metrics,
     dcgm,
     file_discovery,
+    label_producer,
     metrics_source,
     models,
     notifications,
@@ -50,10 +51,11 @@ from epick.plugins.prefix import scorer as prefix_scorer
 from epick.plugins.prerequest import prefill_header
 from epick.plugins.profile import data_parallel, deciders, disagg, header, pd, shadow, single
 from epick.plugins.registry import PluginSpec, Registry
-from epick.plugins.reporters import request_attribute
+from epick.plugins.reporters import request_attribute, topology_stamp
 from epick.plugins.requestheader import agent_identity
 from epick.plugins.scorers import (
     active_request,
+    attribute_weight,
     context_length_aware,
     header_label_affinity,
     kv_cache,
@@ -68,7 +70,7 @@ from epick.plugins.scorers import (
 from epick.plugins.scorers import endpoint_attribute as endpoint_attribute_scorer
 from epick.plugins.scorers import multicluster as multicluster_scorers
 from epick.plugins.scorers import topology_affinity as topology_affinity_scorer
-from epick.plugins.screeners import disaggregatedset_rollout
+from epick.plugins.screeners import disaggregatedset_rollout, endpoint_pin
 from epick.plugins.session import filter as session_filter
 from epick.plugins.session import producer as session_producer
 from epick.plugins.tokens import producer as token_producer
@@ -130,14 +132,17 @@ def in_tree_plugins() -> list[PluginSpec]:
         file_discovery.SPEC,
         syncer.SPEC,
         topology.SPEC,
+        label_producer.SPEC,
         topology_affinity_filter.SPEC,
         topology_affinity_scorer.SPEC,
         endpoint_attribute_filter.SPEC,
         endpoint_attribute_scorer.SPEC,
+        attribute_weight.SPEC,
         header_label_affinity.SPEC,
         context_length_aware.SPEC,
         probabilistic.SPEC,
         request_attribute.SPEC,
+        topology_stamp.SPEC,
         data_parallel.SPEC,
         header.SPEC,
         inflight.SPEC,
@@ -155,6 +160,7 @@ def in_tree_plugins() -> list[PluginSpec]:
         session_filter.SPEC,
         agent_identity.SPEC,
         disaggregatedset_rollout.SPEC,
+        endpoint_pin.SPEC,
         ordering.FCFS_SPEC,
         ordering.EDF_SPEC,
         ordering.SLO_DEADLINE_SPEC,

@@ -68,6 +68,7 @@ CONTROL_HEADERS = frozenset(
         MODEL_REWRITE_HEADER,
         DESTINATION_HEADER,
         SUBSET_HEADER,
+        "x-llm-d-pin-host-port",  # endpoint-pin-screener's pin
     }
 )
 # Headers only epick may set: a client's are dropped before plugins see the request, and before it is
