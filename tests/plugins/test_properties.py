@@ -256,6 +256,7 @@ REQUIRED_PARAMETERS = {
     "priority-holdback-policy": {"minCeiling": 0.4},
     "endpoint-attribute-weight-scorer": {"attributeKey": "gpu", "producer": "", "weights": {"a": 2, "b": 1}},
     "label-producer": {"labels": [{"label": "gpu", "attributeKey": "gpu"}]},
+    "selective-kv-policy": {"loadPolicy": "disable"},
 }
 
 

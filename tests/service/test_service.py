@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -170,3 +171,27 @@ def test_sigterm_stops_a_single_process_serve_with_status_0() -> None:
             process.wait()
         assert process.stderr is not None
         process.stderr.close()
+
+
+async def test_a_body_a_hook_changed_is_what_the_server_receives(make_app: MakeApp) -> None:
+    """`selective-kv-policy` changes the parsed body (`RequestBody.mark_mutated`): the proxy forwards
+    it re-encoded, as upstream's director forwards a mutated body."""
+    fake = FakeModelServer("echo")
+    fake.server = await make_app(fake.app())
+    config = (
+        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n"
+        "- {type: selective-kv-policy, parameters: {loadPolicy: disable}}\n- type: queue-scorer\n"
+    )
+    service = await started(fake, config_text=config, allow_experimental_plugins=True)
+    try:
+        assert service.proxy is not None
+        body = {"model": MODEL, "prompt": "hello", "kv_transfer_params": {"keep": 1}}
+        url = f"http://127.0.0.1:{service.proxy.port}/v1/completions"
+        async with aiohttp.ClientSession() as http, http.post(url, json=body) as r:
+            assert r.status == 200
+        _, received = fake.requests[-1]
+        sent = json.loads(received)
+        assert sent["kv_transfer_params"] == {"keep": 1, "max_load_tokens": 0}
+        assert sent["prompt"] == "hello"
+    finally:
+        await service.stop()

@@ -74,6 +74,8 @@ class RequestBody:
     raw: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
     # The prompt's token ids, set once by a token producer (None until then).
     tokenized: TokenizedPrompt | None = field(default=None, repr=False, compare=False)
+    # A plugin changed `raw` (upstream's `Body.Mutated`): the front ends forward it re-encoded.
+    mutated: bool = field(default=False, repr=False, compare=False)
 
     @classmethod
     def completion(cls, prompt: str, **kwargs: Any) -> RequestBody:
@@ -116,6 +118,11 @@ class RequestBody:
             known = _utf8_len(self.prefix_text)
             object.__setattr__(self, "known_bytes", known)
         return known
+
+    def mark_mutated(self) -> None:
+        """Say that `raw` was changed in place (by a PreRequest hook): the request is forwarded with
+        the changed body, not the client's bytes."""
+        object.__setattr__(self, "mutated", True)
 
     def set_tokenized(self, tokenized: TokenizedPrompt) -> None:
         """Record the prompt's token ids (the body is otherwise immutable)."""

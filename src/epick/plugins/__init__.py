@@ -48,11 +48,11 @@ from epick.plugins.pickers import max_score, random_picker, round_robin, weighte
 from epick.plugins.prefix import burst, p2p_source, precise, precise_scorer, smallest_cache
 from epick.plugins.prefix import producer as prefix_producer
 from epick.plugins.prefix import scorer as prefix_scorer
-from epick.plugins.prerequest import prefill_header
+from epick.plugins.prerequest import prefill_header, selective_kv
 from epick.plugins.profile import data_parallel, deciders, disagg, header, pd, shadow, single
 from epick.plugins.registry import PluginSpec, Registry
 from epick.plugins.reporters import request_attribute, topology_stamp
-from epick.plugins.requestheader import agent_identity
+from epick.plugins.requestheader import agent_identity, outlen_bucket
 from epick.plugins.scorers import (
     active_request,
     attribute_weight,
@@ -73,6 +73,7 @@ from epick.plugins.scorers import topology_affinity as topology_affinity_scorer
 from epick.plugins.screeners import disaggregatedset_rollout, endpoint_pin
 from epick.plugins.session import filter as session_filter
 from epick.plugins.session import producer as session_producer
+from epick.plugins.session import state_producer as session_state_producer
 from epick.plugins.tokens import producer as token_producer
 
 
@@ -186,6 +187,9 @@ def in_tree_plugins() -> list[PluginSpec]:
         prefix_producer.MULTICLUSTER_SPEC,
         prefix_scorer.MULTICLUSTER_SPEC,
         p2p_source.SPEC,
+        outlen_bucket.SPEC,
+        session_state_producer.SPEC,
+        selective_kv.SPEC,
     ]
 
 

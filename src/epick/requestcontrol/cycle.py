@@ -21,6 +21,7 @@ The director makes a `RequestCycle` per request (`Director.begin` from a body an
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -161,8 +162,12 @@ class RequestCycle:
         return tracing.orchestration(span, self.request)
 
     def _decided(self, result: SchedulingResult) -> SchedulingResult:
-        """A decision: counted (once) and running, the request phase's end observed."""
+        """A decision: counted (once) and running, the request phase's end observed; a body a hook
+        changed (`RequestBody.mark_mutated`) re-encoded for the front end to forward."""
         self.result = result
+        parsed = self.request.body
+        if parsed.mutated and parsed.raw is not None and result.targets:
+            self.body = json.dumps(parsed.raw, separators=(",", ":")).encode()
         tracing, span = self.director.tracing, self._span
         if tracing is not None and span is not None and result.targets:
             tracing.inject(span, result.hook_headers)  # the model server's request carries the trace
