@@ -1,0 +1,211 @@
+"""Streamed requests, as almost all LLM traffic is: what each router costs and adds per request.
+
+8 simulated vLLM servers (`epick sim-server`, 64-token streamed chats over 16 shared prefixes),
+Poisson arrivals at a fixed seed, the same requests through each router in turn:
+- **router CPU per streamed request**: the router's processes' CPU over the run, less what they
+  spend idle (measured just before, scrapes and timers: epick's is its watching of the fleet), over
+  the requests;
+- **added latency**: TTFT and inter-token latency (the gaps between a stream's chunks) p50 and p99,
+  each against the same requests sent straight to the servers (round robin);
+- routers: epick's proxy with one worker and with two, vllm-router's cache_aware and round_robin
+  (when installed: pip install -e '.[bench]').
+
+The servers run `--time-scale` times faster than real time, so a run is short; the rate is scaled
+with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import shutil
+import signal
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+from bench_idle import cpu_seconds  # this directory is on sys.path when run as a script
+from bench_service import consecutive_ports, free_ports, process, wait_http
+from rich.console import Console
+from rich.table import Table
+
+EPICK = [sys.executable, "-m", "epick.cli.main"]
+SERVERS = 8
+GROUPS = 16
+MODEL = "sim-model"
+
+
+@dataclass
+class Run:
+    name: str
+    ttft: list[float] = field(default_factory=list)
+    gaps: list[float] = field(default_factory=list)
+    cpu_per_request: float | None = None
+    idle_cores: float | None = None
+    failed: int = 0
+
+
+def prompts(n: int, seed: int) -> list[list[dict[str, str]]]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        group = rng.randrange(GROUPS)
+        system = f"You are assistant {group}. " + "Answer briefly and precisely. " * 20
+        out.append([{"role": "system", "content": system}, {"role": "user", "content": f"Question {i}?"}])
+    return out
+
+
+async def workload(
+    urls: list[str], chats: list[list[dict[str, str]]], rate: float, seed: int, run: Run
+) -> None:
+    """Send every chat at Poisson arrivals; record TTFT and the gaps between chunks."""
+    rng = random.Random(seed)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as http:
+
+        async def one(i: int, chat: list[dict[str, str]]) -> None:
+            body = {"model": MODEL, "messages": chat, "max_tokens": 64, "stream": True, "ignore_eos": True}
+            start = time.perf_counter()
+            last = None
+            try:
+                async with http.post(urls[i % len(urls)] + "/v1/chat/completions", json=body) as r:
+                    if r.status != 200:
+                        run.failed += 1
+                        return
+                    async for _ in r.content.iter_any():
+                        now = time.perf_counter()
+                        if last is None:
+                            run.ttft.append(now - start)
+                        else:
+                            run.gaps.append(now - last)
+                        last = now
+            except (aiohttp.ClientError, TimeoutError):
+                run.failed += 1
+
+        tasks = []
+        for i, chat in enumerate(chats):
+            tasks.append(asyncio.create_task(one(i, chat)))
+            await asyncio.sleep(rng.expovariate(rate))
+        await asyncio.gather(*tasks)
+
+
+def measure(
+    run: Run,
+    pids_of: list[int],
+    urls: list[str],
+    chats: list[list[dict[str, str]]],
+    *,
+    rate: float,
+    seed: int,
+) -> None:
+    time.sleep(1.5)  # scraping, settled
+    idle0, w0 = sum(cpu_seconds(p) for p in pids_of), time.perf_counter()
+    time.sleep(2.0)
+    idle = (sum(cpu_seconds(p) for p in pids_of) - idle0) / (time.perf_counter() - w0)
+    c0, w0 = sum(cpu_seconds(p) for p in pids_of), time.perf_counter()
+    asyncio.run(workload(urls, chats, rate, seed, run))
+    used, wall = sum(cpu_seconds(p) for p in pids_of) - c0, time.perf_counter() - w0
+    run.idle_cores = idle
+    if pids_of:
+        run.cpu_per_request = max(0.0, used - idle * wall) / len(chats)
+
+
+def pct(values: list[float], q: int) -> float:
+    if len(values) < 2:
+        return float("nan")
+    return statistics.quantiles(values, n=100)[q - 1]
+
+
+@contextlib.contextmanager
+def router(cmd: list[str], health: str) -> Iterator[int]:
+    with process(cmd) as proc:
+        asyncio.run(wait_http(health))
+        yield proc.pid
+        proc.send_signal(signal.SIGTERM)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--rate", type=float, default=10.0, help="arrivals per second of simulated time")
+    parser.add_argument("--time-scale", type=float, default=4.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="96 requests")
+    args = parser.parse_args()
+    n = 96 if args.quick else args.requests
+    rate = args.rate * args.time_scale
+    chats = prompts(n, args.seed)
+    console = Console(width=130)
+    base = consecutive_ports(SERVERS)
+    backends = [f"127.0.0.1:{base + i}" for i in range(SERVERS)]
+    fleet = [
+        *EPICK,
+        "sim-server",
+        "--port",
+        str(base),
+        "--count",
+        str(SERVERS),
+        "--time-scale",
+        str(args.time_scale),
+    ]
+    runs: list[Run] = []
+    with process(fleet):
+        asyncio.run(wait_http(f"http://{backends[-1]}/metrics"))
+        direct = Run("direct (round robin, no router)")
+        measure(direct, [], [f"http://{b}" for b in backends], chats, rate=rate, seed=args.seed)
+        runs.append(direct)
+        for workers in (1, 2):
+            proxy, metrics = free_ports(2)
+            cmd = [*EPICK, "serve", "--endpoints", ",".join(backends), "--proxy-port", str(proxy),
+                   "--metrics-port", str(metrics), "--no-extproc", "--workers", str(workers),
+                   "--log-level", "error"]  # fmt: skip
+            with router(cmd, f"http://127.0.0.1:{proxy}/health") as pid:
+                run = Run(f"epick proxy, {workers} worker{'s' if workers > 1 else ''}")
+                measure(run, [pid], [f"http://127.0.0.1:{proxy}"], chats, rate=rate, seed=args.seed)
+                runs.append(run)
+        vllm_router = shutil.which("vllm-router") or str(Path(sys.executable).with_name("vllm-router"))
+        if Path(vllm_router).exists():
+            for policy in ("cache_aware", "round_robin"):
+                port, prometheus = free_ports(2)
+                cmd = [vllm_router, "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
+                       "--prometheus-port", str(prometheus), "--log-level", "error",
+                       "--worker-urls", *(f"http://{b}" for b in backends)]  # fmt: skip
+                with router(cmd, f"http://127.0.0.1:{port}/health") as pid:
+                    run = Run(f"vllm-router {policy}")
+                    measure(run, [pid], [f"http://127.0.0.1:{port}"], chats, rate=rate, seed=args.seed)
+                    runs.append(run)
+        else:
+            console.print("vllm-router not installed (pip install -e '.[bench]'): its rows are skipped")
+    table = Table(
+        title=f"{n} streamed chats of 64 tokens, 8 simulated servers, {args.rate:g} req/s "
+        f"(x{args.time_scale:g})"
+    )
+    columns = ("router", "CPU µs/request", "idle cores", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms",
+               "ITL p99 ms", "+TTFT p50", "+ITL p99", "failed")  # fmt: skip
+    for col in columns:
+        table.add_column(col, justify="right")
+    base_run = runs[0]
+    for run in runs:
+        cpu = "–" if run.cpu_per_request is None else f"{run.cpu_per_request * 1e6:,.0f}"
+        idle = "–" if run.idle_cores is None or run is base_run else f"{run.idle_cores:.3f}"
+        table.add_row(
+            run.name, cpu, idle,
+            f"{pct(run.ttft, 50) * 1e3:.2f}", f"{pct(run.ttft, 99) * 1e3:.2f}",
+            f"{pct(run.gaps, 50) * 1e3:.2f}", f"{pct(run.gaps, 99) * 1e3:.2f}",
+            f"{(pct(run.ttft, 50) - pct(base_run.ttft, 50)) * 1e3:+.2f}",
+            f"{(pct(run.gaps, 99) - pct(base_run.gaps, 99)) * 1e3:+.2f}",
+            str(run.failed),
+        )  # fmt: skip
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()
