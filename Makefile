@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_dataplane.py
 	$(BIN)/python benchmarks/bench_http_stacks.py --quick
 	$(BIN)/python benchmarks/bench_grpc_servers.py --quick
+	$(BIN)/python benchmarks/bench_streamed.py --quick
 	$(BIN)/python benchmarks/bench_predictor.py --quick
 
 # The image (Containerfile) with podman, and build/image/epick-$(VERSION).oci.tar; image/build says how.
