@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -1215,3 +1215,43 @@ requestHandler:
     assert any("'second'" in w and "openai-parser" in w for w in warnings)
     assert any("'anthropic-parser'" in w and "fallback" in w for w in warnings)
     assert name_of(config.parsers.resolve("/v1/messages")) == "passthrough-parser"
+
+
+class _CountingParser:
+    """The OpenAI parser, counting what reaches its response reader."""
+
+    usage_markers = OPENAI.usage_markers
+
+    def __init__(self) -> None:
+        self.read: list[bytes] = []
+
+    def parse_response(self, data: bytes, streaming: bool) -> Usage | None:
+        self.read.append(data)
+        return OPENAI.parse_response(data, streaming)
+
+
+def test_usage_reader_passes_over_token_chunks_without_parsing_them() -> None:
+    counting = _CountingParser()
+    usage, response = reader(cast(Parser, counting), SSE)
+    tokens = [sse({"choices": [{"delta": {"content": f" t{i}"}}]}) for i in range(50)]
+    split = USAGE_LINE[:12], USAGE_LINE[12:]  # a usage line in two chunks is still put together
+    feed(usage, response, *tokens, *split, b"data: [DONE]\n\n")
+    end(usage, response)
+    assert response.usage == Usage(7, 10, 0)
+    assert counting.read == [USAGE_LINE]  # one parse, of the usage line; none of the 50 token chunks
+
+
+def test_usage_reader_without_markers_reads_every_line() -> None:
+    class NoMarkers:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def parse_response(self, data: bytes, streaming: bool) -> Usage | None:
+            self.calls += 1
+            return OPENAI.parse_response(data, streaming)
+
+    parser = NoMarkers()
+    usage, response = reader(cast(Parser, parser), SSE)
+    feed(usage, response, *(sse({"choices": [{"delta": {"content": "x"}}]}) for _ in range(5)), USAGE_LINE)
+    assert response.usage == Usage(7, 10, 0)
+    assert parser.calls == 6

@@ -82,6 +82,15 @@ def completion_chunk(i: int, model: str = MODEL) -> dict[str, Any]:
     }
 
 
+FLOOD_EVENTS = 1024
+
+
+def flood_event(i: int) -> bytes:
+    """Event `i` of a "flood" stream: 32 KiB, numbered."""
+    head = b"data: %06d " % i
+    return head + b"x" * (32 * 1024 - len(head) - 2) + b"\n\n"
+
+
 class FakeModelServer:
     """A model server that misbehaves on purpose.
 
@@ -89,7 +98,8 @@ class FakeModelServer:
     "gated": streams one chunk, waits for `gate`, then the rest; "echo": answers with what it received;
     "gzip": the same, compressed when the client accepts it; "ratelimit": 429 with Retry-After;
     "unavailable": 503 to every generation request (its /metrics is fine); "hang": accepts a request
-    and sends nothing until `gate` (a hung server).
+    and sends nothing until `gate` (a hung server); "flood": streams FLOOD_EVENTS events of 32 KiB
+    as fast as it may write them, counting the bytes written (`sent`).
     """
 
     def __init__(self, mode: str, model: str = MODEL) -> None:
@@ -99,6 +109,7 @@ class FakeModelServer:
         self.gate = asyncio.Event()
         self.requests: list[tuple[dict[str, str], bytes]] = []
         self.server: AppServer | None = None
+        self.sent = 0
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -143,6 +154,13 @@ class FakeModelServer:
             return answer
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "x-fake": self.mode})
         await response.prepare(request)
+        if self.mode == "flood":
+            for i in range(FLOOD_EVENTS):
+                event = flood_event(i)
+                await response.write(event)
+                self.sent += len(event)
+            await response.write_eof()
+            return response
         await response.write(sse(completion_chunk(0, self.model)))
         if self.mode == "gated":
             await self.gate.wait()

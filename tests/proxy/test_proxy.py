@@ -18,10 +18,12 @@ from epick.sim.server import IDENTITY_HEADER
 from tests.conftest import MakeSim
 from tests.datalayer.pages import free_port, wait_until
 from tests.proxy.conftest import (
+    FLOOD_EVENTS,
     MODEL,
     SESSION_HEADER,
     MakeClient,
     MakeService,
+    flood_event,
     proxy_url,
     steering_config,
     to,
@@ -144,6 +146,50 @@ async def test_stream_is_relayed_chunk_by_chunk(
         fake.gate.set()
         rest = await sse_events(r)
     assert len(rest) == 2 and rest[-1] == b"data: [DONE]"
+
+
+async def test_a_client_that_stops_reading_stops_the_server(
+    make_fake: Any, make_service: MakeService
+) -> None:
+    """The relay writes each chunk as it arrives; when the client does not read, the server is made to
+    wait (its writes block) instead of the proxy holding the stream, and nothing is lost."""
+    flood = await make_fake("flood")
+    service = await make_service([flood.name])
+    assert service.proxy is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", service.proxy.port)
+    body = json.dumps({"model": MODEL, "prompt": "hi", "stream": True}).encode()
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%b" % (len(body), body)
+    )
+    total = sum(len(flood_event(i)) for i in range(FLOOD_EVENTS))
+
+    async def stalled() -> int:
+        """What the server had written once it stopped making progress."""
+        last = -1
+        while flood.sent != last:
+            last = flood.sent
+            await asyncio.sleep(0.1)
+        return last
+
+    async with asyncio.timeout(20):
+        await wait_until(lambda: flood.sent > 0)
+        held = await stalled()
+    assert held < total / 2  # the client read nothing: socket buffers hold what was written, no more
+    data = await asyncio.wait_for(reader.read(), timeout=20)  # now read it all: the stream resumes
+    writer.close()
+    head, _, chunked = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head
+    events = b""
+    while True:
+        size_line, _, chunked = chunked.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            break
+        events += chunked[:size]
+        chunked = chunked[size + 2 :]
+    assert events == b"".join(flood_event(i) for i in range(FLOOD_EVENTS))
+    assert flood.sent == total
 
 
 async def test_models_is_the_union_of_the_servers_models(

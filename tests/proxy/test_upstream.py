@@ -308,3 +308,133 @@ async def test_connections_idle_too_long_are_not_reused() -> None:
         r.release()
         assert pool.opened == 2 and pool.idle == 1
     await pool.close()
+
+
+# --- relay: the body handed over from the connection's callbacks
+
+
+async def test_relay_hands_over_each_chunk_and_keeps_the_connection() -> None:
+    step = asyncio.Event()
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(b"5\r\nearly\r\n")  # arrives before the relay begins: handed over first
+        await writer.drain()
+        await step.wait()
+        for word in (b"one", b"two"):
+            writer.write(b"%x\r\n%b\r\n" % (len(word), word))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    pool = Upstreams()
+    async with server(script) as (port, _):
+        r = await pool.request("127.0.0.1", port, "/", headers=[], body=b"")
+        await until(lambda: bool(r._conn.body))
+        got: list[bytes] = []
+
+        def sink(chunk: bytes) -> bool:
+            got.append(chunk)
+            step.set()
+            return True
+
+        async def drained() -> None:
+            raise AssertionError("the sink never asked to wait")
+
+        await r.relay(sink, drained)
+        assert got == [b"early", b"one", b"two"]
+        assert r._conn.sink is None
+        r.release()
+        assert pool.idle == 1  # relayed to the end: kept
+    await pool.close()
+
+
+async def test_relay_pauses_the_server_while_the_sink_is_full() -> None:
+    size, piece = 2 * 1024 * 1024, 65536
+    sent = 0
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        nonlocal sent
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size)
+        for _ in range(size // piece):
+            writer.write(b"z" * piece)
+            await writer.drain()
+            sent += piece
+        await reader.read()
+
+    pool = Upstreams()
+    async with server(script) as (port, _):
+        r = await pool.request("127.0.0.1", port, "/", headers=[], body=b"")
+        received = 0
+        full = asyncio.Event()
+        room = asyncio.Event()
+        seen_while_full: list[int] = []
+
+        def sink(chunk: bytes) -> bool:
+            nonlocal received
+            received += len(chunk)
+            if received < size // 2 or room.is_set():
+                return True
+            full.set()
+            return False  # the reader is full: reading pauses
+
+        async def drained() -> None:
+            seen_while_full.append(received)
+            await asyncio.sleep(0.05)  # the client takes its time; nothing arrives meanwhile
+            assert received == seen_while_full[-1]
+            room.set()
+
+        await r.relay(sink, drained)
+        assert full.is_set() and received == size and not r._conn.paused
+        r.release()
+    await pool.close()
+
+
+async def test_relay_a_silence_longer_than_the_read_timeout_is_a_timeout() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for _ in range(5):  # chunks that keep coming for longer than the timeout, then nothing
+            writer.write(b"5\r\nchunk\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.1)
+        await reader.read()
+
+    pool = Upstreams(Timeouts(read=0.25))
+    async with server(script) as (port, _):
+        r = await pool.request("127.0.0.1", port, "/", headers=[], body=b"")
+        got: list[bytes] = []
+
+        async def drained() -> None:
+            pass
+
+        with pytest.raises(TimeoutError):
+            await r.relay(lambda chunk: got.append(chunk) is None, drained)
+        assert got == [b"chunk"] * 5  # the silence counts from the last chunk, not the first
+        r.release()
+        assert pool.idle == 0
+    await pool.close()
+
+
+async def test_relay_a_body_cut_short_is_an_error() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly this")
+        await writer.drain()
+
+    pool = Upstreams()
+    async with server(script) as (port, _):
+        r = await pool.request("127.0.0.1", port, "/", headers=[], body=b"")
+        got: list[bytes] = []
+
+        async def drained() -> None:
+            pass
+
+        with pytest.raises(UpstreamError, match="closed by the server"):
+            await r.relay(lambda chunk: got.append(chunk) is None, drained)
+        assert b"".join(got) == b"only this"
+        r.release()
+    await pool.close()

@@ -50,7 +50,10 @@ class Parser(Plugin, Protocol):
 
     def parse_response(self, data: bytes, streaming: bool) -> Usage | None:
         """The usage in a response: `data` is the whole body, or for an event stream (`streaming`) one or
-        more whole lines of it. None when it holds no usage. Never raises for a body it cannot read."""
+        more whole lines of it. None when it holds no usage. Never raises for a body it cannot read.
+
+        A parser may also declare `usage_markers: tuple[bytes, ...]`: whole lines of an event stream
+        that contain none of them hold no usage, and are not handed to `parse_response`."""
         ...
 
 

@@ -403,15 +403,26 @@ class Proxy:
         started = time.monotonic()
         # Each chunk goes to the hooks only when something reads chunks (a hook, or the usage).
         chunks_read = d.usage is not None or bool(self.director.config.hooks.response_streaming)
-        try:
-            reply.start(upstream.status, self._copy_headers(upstream, response, endpoint))
-            async for chunk in upstream.chunks():
-                await reply.write(chunk)
+
+        def sink(chunk: bytes) -> bool:
+            # Called from the model server's connection as each chunk arrives: no task wakes per chunk.
+            try:
+                keeping_up = reply.push(chunk)
+            except ConnectionResetError:
+                return False  # the client left: the relay's drain says so
+            try:
                 if chunks_read:
                     response.chunk = chunk
                     d.streamed(response, endpoint)
                 else:
                     d.body_seen(len(chunk))
+            except Exception:  # what observes the response must not break it
+                log.exception("request %s: observing a response chunk failed", d.request.request_id)
+            return keeping_up
+
+        try:
+            reply.start(upstream.status, self._copy_headers(upstream, response, endpoint))
+            await upstream.relay(sink, reply.drain)
             response.chunk = b""
             response.end_of_stream = True
             await reply.end()

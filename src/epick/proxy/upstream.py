@@ -8,8 +8,10 @@ about 40 µs (benchmarks/bench_dataplane.py, docs/performance.md). What it does:
 
 - `Upstreams.request` sends one request on an idle connection to the server, or a new one
   (`connect_timeout`), and returns once the response's status and headers have arrived.
-- The body is read whole (`read`) or chunk by chunk as it arrives (`chunks`); a silence longer than
-  `read_timeout` between two chunks raises TimeoutError. Content-Length, chunked and
+- The body is read whole (`read`), chunk by chunk as it arrives (`chunks`), or relayed (`relay`):
+  each piece handed to a callback from the connection's own `data_received`, so a streamed response
+  wakes no task per chunk. A silence longer than `read_timeout` between two chunks raises
+  TimeoutError. Content-Length, chunked and
   close-delimited bodies are understood; the connection goes back to the pool only when its
   response was read to the end and both sides keep it alive (`release`).
 - A connection that sat idle may have been closed by the server just as the request went out: when
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import cast
 
@@ -76,6 +78,9 @@ class _Connection(asyncio.Protocol):
         self.received = False  # any byte of the response arrived
         self.waiter: asyncio.Future[None] | None = None  # a reader waiting for body
         self.paused = False
+        # While relaying: takes each piece of body as it arrives, False when its reader is full.
+        self.sink: Callable[[bytes], bool] | None = None
+        self.last_body = 0.0  # event-loop time the sink last took a piece
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -116,6 +121,14 @@ class _Connection(asyncio.Protocol):
             self.head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
+        sink = self.sink
+        if sink is not None:
+            self.last_body = self.loop.time()
+            if not sink(body) and not self.paused and self.transport is not None:
+                self.paused = True  # until the relay has drained the sink's reader
+                self.transport.pause_reading()
+                self._wake()
+            return
         self.body.append(body)
         self.buffered += len(body)
         if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
@@ -215,6 +228,43 @@ class UpstreamResponse:
 
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.chunks()])
+
+    async def relay(self, sink: Callable[[bytes], bool], drained: Callable[[], Awaitable[None]]) -> None:
+        """Hand the body to `sink` piece by piece as it arrives, until its end. `sink` is called from
+        the connection's callbacks, so it must not raise; it returns False when its reader is full,
+        and reading pauses until `drained()` returns. UpstreamError when the server breaks off,
+        TimeoutError after a silence longer than the read timeout."""
+        conn = self._conn
+        silence = self._silence
+        while conn.body:  # what arrived before the relay began
+            chunk = await conn.next_chunk(silence)
+            if chunk and not sink(chunk):
+                await drained()
+        conn.sink = sink
+        conn.last_body = conn.loop.time()
+        try:
+            while True:
+                if conn.paused and conn.transport is not None:
+                    if not conn.complete and conn.lost is None:
+                        await drained()
+                    conn.paused = False
+                    conn.transport.resume_reading()
+                if conn.complete:
+                    return
+                if conn.lost is not None:
+                    raise conn.lost
+                conn.waiter = conn.loop.create_future()
+                try:
+                    with silence.scope():
+                        await conn.waiter
+                except TimeoutError:
+                    if conn.loop.time() - conn.last_body < silence.seconds:
+                        continue  # the body kept coming: the silence counts from its last piece
+                    raise
+                finally:
+                    conn.waiter = None
+        finally:
+            conn.sink = None
 
     def release(self) -> None:
         """Done with the response: its connection goes back to the pool when it was read whole and

@@ -1,7 +1,9 @@
 """Reading a response's token usage with the parser that read its request.
 
 An event stream (`text/event-stream`) is read as it arrives, line by line: a line split between two
-chunks is kept until its end arrives, so no `data:` line is lost or misread. Any other body is kept
+chunks is kept until its end arrives, so no `data:` line is lost or misread. A chunk of whole lines
+that holds none of the parser's `usage_markers` (the usual chunk: one token's event) is passed over
+without a parse. Any other body is kept
 (up to a limit) and read once, at its end. The usage found is merged into `Response.usage` as upstream
 merges it (a later non-zero count replaces an earlier one).
 """
@@ -17,6 +19,8 @@ MAX_LINE = 1 << 20  # a longer unfinished line is dropped: usage lines are short
 class UsageReader:
     def __init__(self, parser: Parser, max_body_bytes: int) -> None:
         self._parser = parser
+        # Whole stream lines holding none of these are skipped unread (a parser's `usage_markers`).
+        self._markers: tuple[bytes, ...] | None = getattr(parser, "usage_markers", None)
         self._limit = max_body_bytes
         self._streaming = False
         self._buffer = bytearray()
@@ -34,6 +38,13 @@ class UsageReader:
         chunk = response.chunk
         if not chunk or self._overflow:
             return
+        markers = self._markers
+        if markers is not None and self._streaming and not self._buffer and chunk.endswith(b"\n"):
+            for marker in markers:
+                if marker in chunk:
+                    break
+            else:
+                return  # whole lines, and none can hold usage: the common chunk of a stream
         if not self._streaming:
             if len(self._buffer) + len(chunk) > self._limit:
                 self._overflow = True

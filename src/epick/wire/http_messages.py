@@ -338,14 +338,24 @@ class Reply:
         self._conn.write(bytes(self._head(status, headers, None)))
 
     async def write(self, chunk: bytes) -> None:
+        self.push(chunk)
+        await self._conn.drain()
+
+    def push(self, chunk: bytes) -> bool:
+        """Write a chunk of the body without waiting: False when the client's buffer is full, and the
+        writer should `drain` before it pushes more (ConnectionResetError once the client has left)."""
         if not chunk or self._head_only:
-            return
+            return True
         conn = self._conn
         if self._chunked:
             conn.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
         else:
             conn.write(chunk)
-        await conn.drain()
+        return not conn.write_paused
+
+    async def drain(self) -> None:
+        """Wait until the client's buffer has room (ConnectionResetError once the client has left)."""
+        await self._conn.drain()
 
     async def end(self) -> None:
         if self.finished:

@@ -378,6 +378,11 @@ class _Connection(asyncio.Protocol):
 
     # --- writing ----------------------------------------------------------------------------------
 
+    @property
+    def write_paused(self) -> bool:
+        """The transport holds more than its high-water mark unsent: the client is not keeping up."""
+        return self._paused
+
     def write(self, data: bytes) -> None:
         if self.closed or self.transport is None:
             raise ConnectionResetError("the client closed the connection")

@@ -16,6 +16,7 @@ from typing import Any
 from epick.framework import BadRequestError, ChatMessage, NamedPlugin, Reads, RequestBody, Usage
 from epick.framework.parsing import H2C, HTTP, ParsedRequest
 from epick.plugins.parsers.common import (
+    USAGE_MARKERS,
     compact_json,
     count_of,
     decode_object,
@@ -34,6 +35,7 @@ class AnthropicParser(NamedPlugin):
     plugin_type = TYPE
     protocols = (H2C, HTTP)  # the InferencePool appProtocols it serves (upstream's claims)
     reads = Reads.NOTHING  # parsers read requests before scheduling; no scheduling result depends on them
+    usage_markers = USAGE_MARKERS  # the stream lines `event_data` reads
 
     @property
     def paths(self) -> tuple[str, ...]:

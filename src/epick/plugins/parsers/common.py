@@ -82,6 +82,11 @@ def token_ids(value: Any, field: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+# A stretch of event stream holding none of these holds no usage for `event_data`'s readers: a parser
+# that says so (`usage_markers`) spares the usage reader a parse of every chunk.
+USAGE_MARKERS = (b"usage", b"meta_info")
+
+
 def event_data(data: bytes) -> Iterator[Any]:
     """The JSON of each `data: ` line of an event stream that mentions usage (others are skipped)."""
     for raw in data.split(b"\n"):

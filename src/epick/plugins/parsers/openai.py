@@ -20,6 +20,7 @@ from epick.framework import BadRequestError, NamedPlugin, Reads, RequestBody, Us
 from epick.framework.parsing import H2C, HTTP, ParsedRequest, matches_suffix
 from epick.framework.request import RequestKind, openai_body
 from epick.plugins.parsers.common import (
+    USAGE_MARKERS,
     compact_json,
     count_of,
     decode_object,
@@ -67,6 +68,7 @@ class OpenAIParser(NamedPlugin):
     plugin_type = TYPE
     protocols = (H2C, HTTP)  # the InferencePool appProtocols it serves (upstream's claims)
     reads = Reads.NOTHING  # parsers read requests before scheduling; no scheduling result depends on them
+    usage_markers = USAGE_MARKERS  # the stream lines `event_data` reads
 
     @property
     def paths(self) -> tuple[str, ...]:

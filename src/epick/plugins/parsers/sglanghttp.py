@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from epick.framework import BadRequestError, NamedPlugin, Reads, RequestBody, Usage
 from epick.framework.parsing import H2C, HTTP, ParsedRequest
 from epick.plugins.parsers.common import (
+    USAGE_MARKERS,
     count_of,
     decode_object,
     event_data,
@@ -33,6 +34,7 @@ class SglangHttpParser(NamedPlugin):
     plugin_type = TYPE
     protocols = (H2C, HTTP)  # the InferencePool appProtocols it serves (upstream's claims)
     reads = Reads.NOTHING  # parsers read requests before scheduling; no scheduling result depends on them
+    usage_markers = USAGE_MARKERS  # the stream lines `event_data` reads
 
     @property
     def paths(self) -> tuple[str, ...]:

@@ -14,7 +14,15 @@ from collections.abc import Mapping
 
 from epick.framework import BadRequestError, NamedPlugin, Reads, RequestBody, Usage
 from epick.framework.parsing import H2C, HTTP, ParsedRequest
-from epick.plugins.parsers.common import count_of, decode_object, model_of, salt_of, stream_of, token_ids
+from epick.plugins.parsers.common import (
+    USAGE_MARKERS,
+    count_of,
+    decode_object,
+    model_of,
+    salt_of,
+    stream_of,
+    token_ids,
+)
 from epick.plugins.parsers.openai import openai_response_usage
 from epick.plugins.registry import Handle, NoParameters, PluginSpec
 
@@ -26,6 +34,7 @@ class VllmHttpParser(NamedPlugin):
     plugin_type = TYPE
     protocols = (H2C, HTTP)  # the InferencePool appProtocols it serves (upstream's claims)
     reads = Reads.NOTHING  # parsers read requests before scheduling; no scheduling result depends on them
+    usage_markers = USAGE_MARKERS  # the stream lines `event_data` reads
 
     @property
     def paths(self) -> tuple[str, ...]:
