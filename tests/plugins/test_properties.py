@@ -56,6 +56,8 @@ from epick.plugins.filters.utilization import UtilizationDetector, UtilizationPa
 from epick.plugins.filters.utilization_filter import UtilizationFilter, UtilizationFilterParameters
 from epick.plugins.latency.cost_scorer import LatencyCostScorer
 from epick.plugins.latency.gie_scorer import PredictedLatencyScorer
+from epick.plugins.latency.observation_scorer import LatencyObservationScorer
+from epick.plugins.latency.observer import LatencyObserver, ObserverParameters
 from epick.plugins.latency.scorer import LatencyScorer
 from epick.plugins.latency.tier_filter import SLOHeadroomTierFilter
 from epick.plugins.load.concurrency import ConcurrencyDetector, ConcurrencyParameters
@@ -172,6 +174,16 @@ def requests(draw: st.DrawFn) -> InferenceRequest:
     return make_request(text, model=model, headers=headers, **body)
 
 
+def observed(clock: FakeClock, inflight: InFlightLoadProducer) -> LatencyObserver:
+    """A latency observer that has timed three endpoints (two seconds ago, so it has published them):
+    ep0 and ep1 slower as their load rises, ep2 below the calibration threshold."""
+    observer = LatencyObserver(params=ObserverParameters(min_requests=4), inflight=inflight, clock=clock)
+    for i, count in enumerate((4, 4, 3)):
+        for k in range(count):
+            observer.record(NAMES[i], 0.1 * (i + 1) * (k + 1), k, clock.now - 2.0)
+    return observer
+
+
 def every_scorer(clock: FakeClock, inflight: InFlightLoadProducer | None = None) -> list[Any]:
     """One of each in-tree scorer, small thresholds so that the interesting ranges are reached; the
     load scorers read `inflight`."""
@@ -204,6 +216,7 @@ def every_scorer(clock: FakeClock, inflight: InFlightLoadProducer | None = None)
         PredictedLatencyScorer(prefix_producer="approx-prefix-cache-producer", rng=random.Random(0)),
         SmallestCacheScorer(producer="approx-prefix-cache-producer", index=PrefixIndex(16)),
         EndpointAttributeWeightScorer(None, "gpu/", {"a": 2.0, "b": 1.0}),
+        LatencyObservationScorer(observer=observed(clock, inflight), inflight=inflight, rng=random.Random(0)),
     ]
 
 
@@ -319,7 +332,7 @@ def test_scores_are_in_unit_interval_for_valid_metrics(
 @given(
     request=requests(),
     endpoints=endpoint_lists(wild=True),
-    weights=st.lists(st.floats(0.0, 10.0), min_size=25, max_size=25),
+    weights=st.lists(st.floats(0.0, 10.0), min_size=26, max_size=26),
     seed=st.integers(0, 2**16),
 )
 def test_scores_after_the_runtime_clamps_are_in_unit_interval(

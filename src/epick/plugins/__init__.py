@@ -37,6 +37,8 @@ from epick.plugins.flowcontrol import (
 from epick.plugins.latency import admitter as latency_admitter
 from epick.plugins.latency import cost_scorer as latency_cost_scorer
 from epick.plugins.latency import gie_scorer as predicted_latency_scorer
+from epick.plugins.latency import observation_scorer as latency_observation_scorer
+from epick.plugins.latency import observer as latency_observer
 from epick.plugins.latency import producer as latency_producer
 from epick.plugins.latency import scorer as latency_scorer
 from epick.plugins.latency import tier_filter as slo_tier_filter
@@ -190,6 +192,8 @@ def in_tree_plugins() -> list[PluginSpec]:
         outlen_bucket.SPEC,
         session_state_producer.SPEC,
         selective_kv.SPEC,
+        latency_observer.SPEC,
+        latency_observation_scorer.SPEC,
     ]
 
 
