@@ -40,6 +40,12 @@ class Workload(Protocol):
         return None
 
     @property
+    def size_parameters(self) -> dict[str, int]:
+        """The parameters (kebab-case, as `build_workload` takes them) whose product is `size`, with their
+        values; empty when the size is not known in advance."""
+        return {}
+
+    @property
     def reuses_outputs(self) -> bool:
         """Whether a later prompt may contain an earlier request's output (a conversation's history):
         only then must engines offer output blocks to the prefix cache."""

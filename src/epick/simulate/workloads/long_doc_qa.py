@@ -38,6 +38,10 @@ class LongDocQA(Workload):
     def size(self) -> int | None:
         return self.documents * self.questions_per_document
 
+    @property
+    def size_parameters(self) -> dict[str, int]:
+        return {"documents": self.documents, "questions-per-document": self.questions_per_document}
+
     def __post_init__(self) -> None:
         _check_int(self.kind, "documents", self.documents, 1)
         _check_int(self.kind, "questions_per_document", self.questions_per_document, 1)

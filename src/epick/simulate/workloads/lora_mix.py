@@ -39,6 +39,10 @@ class LoraMix(Workload):
     def size(self) -> int | None:
         return self.n
 
+    @property
+    def size_parameters(self) -> dict[str, int]:
+        return {"n": self.n}
+
     def __post_init__(self) -> None:
         _check_int(self.kind, "n", self.n, 1)
         _check_int(self.kind, "adapters", self.adapters, 1)

@@ -69,6 +69,10 @@ class MultiTurn(Workload):
     def size(self) -> int | None:
         return self.sessions * self.turns
 
+    @property
+    def size_parameters(self) -> dict[str, int]:
+        return {"sessions": self.sessions, "turns": self.turns}
+
     def __post_init__(self) -> None:
         _check_int(self.kind, "sessions", self.sessions, 1)
         _check_int(self.kind, "turns", self.turns, 1)

@@ -41,6 +41,10 @@ class SharedPrefix(Workload):
     def size(self) -> int | None:
         return self.groups * self.prompts_per_group
 
+    @property
+    def size_parameters(self) -> dict[str, int]:
+        return {"groups": self.groups, "prompts-per-group": self.prompts_per_group}
+
     def __post_init__(self) -> None:
         _check_int(self.kind, "groups", self.groups, 1)
         _check_int(self.kind, "prompts_per_group", self.prompts_per_group, 1)

@@ -41,6 +41,10 @@ class ShareGPTLike(Workload):
     def size(self) -> int | None:
         return self.n
 
+    @property
+    def size_parameters(self) -> dict[str, int]:
+        return {"n": self.n}
+
     def __post_init__(self) -> None:
         _check_int(self.kind, "n", self.n, 1)
         _check_float(self.kind, "input_median", self.input_median, 0.0, positive=True)

@@ -108,5 +108,9 @@ class TenantWorkload:
         return self.inner.size
 
     @property
+    def size_parameters(self) -> dict[str, int]:
+        return self.inner.size_parameters
+
+    @property
     def reuses_outputs(self) -> bool:
         return self.inner.reuses_outputs
