@@ -521,11 +521,12 @@ def test_the_default_is_one_worker_per_core_unless_something_would_be_split() ->
 @pytest.mark.parametrize(
     ("argv", "expected", "why"),
     [
-        ([], 3, "3 cores are available"),
+        ([], 1, None),  # one worker unless asked (docs/performance.md, "Workers")
+        (["--workers", "auto"], 3, "3 cores are available"),
         (["--workers", "1"], 1, None),
         (["--workers", "2"], 2, None),
-        (["--config-file", "config/flow-control.yaml"], 1, "flow control"),  # not an error
-        (["--grpc-port", "0"], 1, "gRPC ports"),
+        (["--workers", "auto", "--config-file", "config/flow-control.yaml"], 1, "flow control"),  # no error
+        (["--workers", "auto", "--grpc-port", "0"], 1, "gRPC ports"),
         (["--no-proxy", "--no-extproc"], 1, None),
     ],
 )
@@ -683,3 +684,12 @@ def test_merged_running_requests_are_summed_over_the_workers() -> None:
     assert merged["inference_objective_running_requests"] == 8.0
     assert merged["llm_d_epp_request_running"] == 8.0
     assert merged["inference_pool_ready_pods"] == 4.0
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", ""])
+def test_serve_refuses_a_worker_count_that_is_not_one(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from epick.cli.main import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--endpoints", "127.0.0.1:1", "--workers", value])
+    assert "--workers" in capsys.readouterr().err

@@ -181,8 +181,9 @@ EPICK_FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec(
         "workers",
         "int",
-        0,
-        "epick: worker processes (0: the container's CPU limit, at most the config allows; 1 with no limit).",
+        1,
+        "epick: worker processes (0: one per core of the container's CPU limit, at most the config allows, "
+        "and 1 with no limit).",
     ),
     FlagSpec("lease-duration", "duration", 15 * S, "epick: how long a leader's Lease holds without renewal."),
     FlagSpec(

@@ -181,11 +181,13 @@ def _service_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--workers",
-        type=int,
-        default=None,
+        type=_workers,
+        default=1,
         help="processes serving the proxy and ext_proc on the same ports, sharing the scheduling "
-        "state (epick.service.workers); default: one per core available, or one where the config keeps "
-        "state per process (flow control, plugins that do not share) or the gRPC ports are 0",
+        "state (epick.service.workers); default 1: one core relays hundreds of streamed requests a "
+        "second, and workers cost CPU and routing quality below that (docs/performance.md); 'auto': one "
+        "per core available, or one where the config keeps state per process (flow control, plugins "
+        "that do not share) or the gRPC ports are 0",
     )
     p.add_argument(
         "--shared-state",
@@ -200,6 +202,19 @@ def _service_flags(p: argparse.ArgumentParser) -> None:
         help="on SIGTERM: how long requests in flight may take to finish before connections close",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _workers(text: str) -> int | None:
+    """`--workers`: a count of at least 1, or "auto" (None: the service's choice)."""
+    if text == "auto":
+        return None
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of workers or 'auto', got {text!r}") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"workers must be at least 1 (got {count})")
+    return count
 
 
 def _discovery(args: argparse.Namespace) -> tuple[tuple[EndpointSpec, ...], KubernetesSettings | None]:

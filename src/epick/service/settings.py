@@ -91,7 +91,7 @@ class Settings:
     # The token histograms from each response's usage; off, responses are read only when a plugin
     # needs them (and ext_proc asks the gateway for less of each response).
     usage_metrics: bool = True
-    # Worker processes (`epick.service.workers`); None: one per core available, or one where
+    # Worker processes (`epick.service.workers`); None ("auto"): one per core available, or one where
     # splitting would change the service.
     workers: int | None = 1
     # `--shared-state`: a Redis or Valkey URL through which replicas on other hosts share the replicated
