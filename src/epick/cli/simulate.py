@@ -3,32 +3,41 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import functools
 import importlib.util
-import itertools
 import json
 import math
-import random
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
-from epick.cli.simulate_policies import PolicyFactory, UsageError, policy_factories, policy_names
-from epick.cli.simulate_report import finite, plot, print_failures, print_table
+from epick.cli.simulate_policies import CONFIG_POLICIES, UsageError, policy_factories, policy_names
+from epick.cli.simulate_report import finite, print_table
 from epick.config import ConfigError
 from epick.plugins.duration import parse_duration
-from epick.sim.engine import EngineConfig
 from epick.sim.engine.profiles import DEFAULT_PROFILE, PROFILES
-from epick.sim.options import ServerOptions
-from epick.simulate.fleet import Arrivals, ClosedLoop, Fleet, Poisson
-from epick.simulate.report import SLO, summarize
-from epick.simulate.types import Churn, SimRequestSpec
-from epick.simulate.workloads import WORKLOADS, Trace, Workload, WorkloadError, build_workload
+from epick.simulate.fleet import Arrivals, ClosedLoop, Poisson
+from epick.simulate.sweep import aggregate, show
+from epick.simulate.sweep.cell import Cell, CellOutcome, FleetSpec, NoRequestsError, PolicySpec, WorkloadSpec
+from epick.simulate.sweep.figures import DEFAULT_METRIC, FIGURES
+from epick.simulate.sweep.grid import Grid, GridError, load_grid
+from epick.simulate.sweep.plot import plot
+from epick.simulate.sweep.ray_runner import RayMissingError, RayUnreachableError, run_on_ray
+from epick.simulate.sweep.runner import WorkerDiedError, available_cores, run_local
+from epick.simulate.workloads import WORKLOADS, Trace, WorkloadError
 
 
 def _number(kind: Callable[[str], float], minimum: float, what: str) -> Callable[[str], Any]:
@@ -140,6 +149,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     _policy_flags(p)
     _workload_flags(p)
     _fleet_flags(p)
+    _sweep_flags(p)
     p.set_defaults(func=run)
 
 
@@ -192,6 +202,13 @@ def _workload_flags(p: argparse.ArgumentParser) -> None:
         "--requests", type=positive_int, default=None, help="stop the workload after this many requests"
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seeds",
+        type=positive_int,
+        default=1,
+        metavar="K",
+        help="run every cell on K seeds (--seed, --seed + 1, …): means and 95%% intervals over them",
+    )
 
 
 def _fleet_flags(p: argparse.ArgumentParser) -> None:
@@ -246,158 +263,269 @@ def _fleet_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", help="draw latency and throughput against load to this PNG")
 
 
-def _prepare(args: argparse.Namespace) -> tuple[Workload, list[tuple[str, PolicyFactory]]]:
-    """The workload and the policies, every argument checked: UsageError, WorkloadError or
-    ConfigError otherwise."""
-    workload = build_workload(args.workload, parse_params(args.param))
-    policies = policy_factories(args)
+def _sweep_flags(p: argparse.ArgumentParser) -> None:
+    """How the cells run, and a grid file in place of the flags above."""
+    p.add_argument(
+        "--grid",
+        metavar="FILE",
+        help="a grid file (YAML): the axes to sweep and the settings every cell shares (docs/simulator.md)",
+    )
+    p.add_argument(
+        "--metric",
+        choices=list(FIGURES),
+        default=None,
+        help=f"the figure that ranks policies in the summary (default: the grid's, else {DEFAULT_METRIC})",
+    )
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="worker processes running cells at once (default: the cores available; 1: here, in turn)",
+    )
+    where.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="run the cells on the Ray cluster at ADDR ('auto': the one this machine has joined); "
+        "pip install 'epick[ray]'",
+    )
+
+
+# The flags a grid file replaces; `--grid` refuses them unless left at their defaults.
+_SWEEP_ONLY = {"grid", "metric", "jobs", "ray_address", "json", "plot", "func", "command"}
+
+
+@functools.cache
+def _defaults() -> dict[str, Any]:
+    parser = argparse.ArgumentParser()
+    _policy_flags(parser)
+    _workload_flags(parser)
+    _fleet_flags(parser)
+    return vars(parser.parse_args([]))
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    cells: list[Cell]
+    metric: str
+    grid: Grid | None
+    warnings: list[str]
+
+
+def _prepare(args: argparse.Namespace) -> _Plan:
+    """The cells, every argument checked: UsageError, WorkloadError, GridError or ConfigError
+    otherwise."""
+    plan = _grid_plan(args) if args.grid else _flags_plan(args)
+    _check_output(args.json, "--json")
+    _check_output(args.plot, "--plot", ".png")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plot needs matplotlib, which is not installed: pip install 'epick[plots]'")
+    return plan
+
+
+def _flags_plan(args: argparse.Namespace) -> _Plan:
+    workload = WorkloadSpec(args.workload, tuple(parse_params(args.param).items()))
+    built = workload.build()
+    policies = _policy_specs(args.policies)
     if not args.prefill_servers < args.servers:
         raise UsageError(
             f"--prefill-servers must be between 0 and {args.servers - 1} (--servers - 1), "
             f"got {args.prefill_servers}"
         )
-    if isinstance(workload, Trace) and (args.qps is not None or args.qps_sweep):
+    if isinstance(built, Trace) and (args.qps is not None or args.qps_sweep):
         raise UsageError(
             "--qps and --qps-sweep do not apply to a trace: its lines carry their arrival times "
             "(--concurrency may cap the requests in flight)"
         )
     if args.restart_downtime and args.restart_every is None:
         raise UsageError("--restart-downtime needs --restart-every (how often a server restarts)")
-    _check_output(args.json, "--json")
-    _check_output(args.plot, "--plot", ".png")
-    if args.plot and importlib.util.find_spec("matplotlib") is None:
-        raise UsageError("--plot needs matplotlib, which is not installed: pip install 'epick[plots]'")
-    return workload, policies
+    fleet = FleetSpec(
+        servers=args.servers,
+        prefill_servers=args.prefill_servers,
+        engine_profile=args.engine_profile,
+        num_gpu_blocks=args.num_gpu_blocks,
+        max_num_seqs=args.max_num_seqs,
+        max_loras=args.max_loras,
+        scrape_interval=args.scrape_interval,
+        kv_event_delay=args.kv_event_delay,
+        restart_every=args.restart_every,
+        restart_downtime=args.restart_downtime,
+        slo_ttft=args.slo_ttft,
+        slo_tpot=args.slo_tpot,
+    )
+    seeds = range(args.seed, args.seed + args.seeds)
+    cells = [
+        Cell(policy, workload, arrivals, seed, fleet, args.requests)
+        for arrivals in loads(args)
+        for policy in policies
+        for seed in seeds
+    ]
+    shortfall = workload.shortfall(args.requests) if args.requests is not None else None
+    return _Plan(cells, args.metric or DEFAULT_METRIC, None, [shortfall] if shortfall else [])
+
+
+def _grid_plan(args: argparse.Namespace) -> _Plan:
+    given = [
+        "--policy/--config" if dest == "policies" else f"--{dest.replace('_', '-')}"
+        for dest, default in _defaults().items()
+        if dest not in _SWEEP_ONLY and getattr(args, dest) != default
+    ]
+    if given:
+        verb = "belongs" if len(given) == 1 else "belong"
+        raise UsageError(f"--grid sets the cells: {', '.join(given)} {verb} in the grid file")
+    written = load_grid(args.grid)
+    grid = written.relative_to(Path(args.grid).parent)
+    entries = [("policy", name) for name in grid.policies] + [("config", path) for path in grid.configs]
+    policies = _policy_specs(entries)
+    warnings = []
+    for workload in grid.workload_points():
+        workload.build()  # its parameters checked before anything runs
+        shortfall = workload.shortfall(grid.requests, "requests:") if grid.requests is not None else None
+        if shortfall:
+            warnings.append(shortfall)
+    try:
+        scrape_interval = _interval(str(grid.scrape_interval))
+    except argparse.ArgumentTypeError as e:
+        raise GridError(f"{args.grid}: scrape_interval: {e}") from None
+    fleet = FleetSpec(
+        num_gpu_blocks=grid.num_gpu_blocks,
+        max_num_seqs=grid.max_num_seqs,
+        max_loras=grid.max_loras,
+        scrape_interval=scrape_interval,
+        kv_event_delay=grid.kv_event_delay,
+        restart_every=grid.restart_every,
+        restart_downtime=grid.restart_downtime,
+        slo_ttft=grid.slo_ttft,
+        slo_tpot=grid.slo_tpot,
+    )
+    return _Plan(grid.cells(policies, fleet), args.metric or grid.metric, written, warnings)
+
+
+def _policy_specs(entries: list[tuple[str, str]]) -> list[PolicySpec]:
+    """--policy and --config entries, (kind, value) in order, as policies a worker builds: a config's
+    text travels with the cell. Names as `policy_factories` gives them (which checks every entry)."""
+    names = [name for name, _ in policy_factories(argparse.Namespace(policies=entries))]
+    out = []
+    for (kind, value), name in zip(entries, names, strict=True):
+        if kind == "config":
+            out.append(PolicySpec(name, Path(value).read_text(encoding="utf-8"), str(value)))
+        elif value == "default":
+            out.append(PolicySpec(name))
+        elif value in CONFIG_POLICIES:
+            out.append(PolicySpec(name, CONFIG_POLICIES[value], value))
+        else:
+            out.append(PolicySpec(name, baseline=value))
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        workload, policies = _prepare(args)
-    except (WorkloadError, UsageError) as e:
+        plan = _prepare(args)
+    except (WorkloadError, UsageError, GridError) as e:
         print(f"epick simulate: {e}", file=sys.stderr)
         return 2
     except ConfigError as e:
         for issue in e.issues:
             print(issue.render(e.source), file=sys.stderr)
         return 2
-    setup = _setup(args, workload)
-    runs: list[dict[str, Any]] = []
-    columns = (TextColumn("{task.description:>28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=False) as progress:
-        for arrivals in loads(args):
-            for name, factory in policies:
-                try:
-                    runs.append(
-                        _run_one(
-                            args, workload, setup, arrivals, name=name, factory=factory, progress=progress
-                        )
-                    )
-                except WorkloadError as e:  # a trace is read as it runs: a bad line stops the run
-                    progress.stop()
-                    print(f"epick simulate: {e} (no results written)", file=sys.stderr)
-                    return 2
-                except _NoRequestsError:
-                    progress.stop()
-                    print(f"epick simulate: the {args.workload} workload has no requests", file=sys.stderr)
-                    return 2
-    print_table(runs)
-    print_failures(runs)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"runs": finite(runs)}, indent=2))
-    if args.plot:
-        plot(runs, args.plot)
+    for warning in plan.warnings:
+        print(f"epick simulate: warning: {warning}", file=sys.stderr)
+    workers = 1 if args.ray_address else min(args.jobs or available_cores(), len(plan.cells))
+    started = time.perf_counter()
+    try:
+        outcomes = _execute(plan.cells, args.ray_address, workers)
+    except WorkloadError as e:  # a trace is read as it runs: a bad line stops the run
+        print(f"epick simulate: {e} (no results written)", file=sys.stderr)
+        return 2
+    except (NoRequestsError, RayMissingError, RayUnreachableError) as e:
+        print(f"epick simulate: {e}", file=sys.stderr)
+        return 2
+    except WorkerDiedError as e:
+        print(f"epick simulate: {e} (no results written)", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("epick simulate: interrupted (no results written)", file=sys.stderr)
+        return 130
+    wall = time.perf_counter() - started
+    runs = [o.run for o in outcomes]
+    for warning in _made_fewer(plan.cells, runs):
+        print(f"epick simulate: warning: {warning}", file=sys.stderr)
+    _report(runs, plan, args)
+    where = (
+        f"on Ray ({args.ray_address})" if args.ray_address else f"on {workers} worker{'s' * (workers > 1)}"
+    )
+    if workers == 1 and not args.ray_address:
+        where = "in this process"
+    peak = max(o.max_rss_bytes for o in outcomes) / 2**20
+    print(
+        f"{len(outcomes)} cell{'s' * (len(outcomes) > 1)} in {_duration(wall)} {where}: "
+        f"{len(outcomes) / wall * 60:,.1f} cells/min; peak memory of a worker {peak:,.0f} MiB",
+        file=sys.stderr,
+    )
     return 0
 
 
-class _NoRequestsError(Exception):
-    """A run's workload gave no request."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Setup:
-    """What every run of one invocation shares: the fleet's engines, roles, churn and SLO."""
-
-    engine: EngineConfig
-    roles: Sequence[str | None] | None
-    slo: SLO
-    churn: Churn | None
-    lora_ids: dict[str, int]
-
-
-def _setup(args: argparse.Namespace, workload: Workload) -> _Setup:
-    roles: Sequence[str | None] | None = None
-    if args.prefill_servers:
-        roles = ["prefill"] * args.prefill_servers + ["decode"] * (args.servers - args.prefill_servers)
-    engine = ServerOptions.engine_config(
-        num_gpu_blocks=args.num_gpu_blocks,
-        max_num_seqs=args.max_num_seqs,
-        max_loras=args.max_loras,
-        profile=args.engine_profile,
+def _execute(cells: Sequence[Cell], ray_address: str | None, workers: int) -> list[CellOutcome]:
+    """Every cell's outcome, in order, with one progress bar over all of them."""
+    console = Console(stderr=True)
+    columns = (
+        TextColumn("cells"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
     )
-    return _Setup(
-        engine=dataclasses.replace(engine, cache_output_blocks=workload.reuses_outputs),
-        roles=roles,
-        slo=SLO(args.slo_ttft, args.slo_tpot),
-        churn=Churn(args.restart_every, args.restart_downtime) if args.restart_every is not None else None,
-        lora_ids={name: i + 1 for i, name in enumerate(workload.adapter_names)},
-    )
+    with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
+        task = progress.add_task("cells", total=len(cells))
+
+        def done(index: int, outcome: CellOutcome) -> None:
+            progress.advance(task)
+
+        if ray_address:
+            return run_on_ray(cells, ray_address, done)
+        return run_local(cells, workers, done)
 
 
-def _run_one(
-    args: argparse.Namespace,
-    workload: Workload,
-    setup: _Setup,
-    arrivals: Arrivals,
-    *,
-    name: str,
-    factory: PolicyFactory,
-    progress: Progress,
-) -> dict[str, Any]:
-    """One policy at one load: the fleet run, summarized."""
-    trace = isinstance(workload, Trace)
-    level = _level(arrivals, trace)
-    specs: Iterable[SimRequestSpec] = workload.requests(random.Random(args.seed))
-    if args.requests is not None:
-        specs = itertools.islice(specs, args.requests)
-    label = f"{name} @ {level:g}" if level is not None else f"{name} (trace)"
-    total = workload.size if args.requests is None else min(args.requests, workload.size or args.requests)
-    task = progress.add_task(label, total=total)
-    fleet = Fleet(
-        args.servers,
-        setup.engine,
-        factory(args.seed),
-        scrape_interval=args.scrape_interval,
-        output_plan=workload.output_plan,
-        lora_ids=setup.lora_ids,
-        progress=_advance(progress, task),
-        roles=setup.roles,
-        kv_event_delay=args.kv_event_delay,
-        churn=setup.churn,
-    )
-    started = time.perf_counter()
-    result = fleet.run(specs, arrivals, random.Random(args.seed + 1))
-    if not result.records:
-        raise _NoRequestsError
-    summary = summarize(name, level, result, setup.slo)
-    summary.update(
-        wall_s=time.perf_counter() - started,
-        load_kind="concurrency" if isinstance(arrivals, ClosedLoop) else ("trace" if trace else "qps"),
-        engine_profile=args.engine_profile,
-        num_gpu_blocks=setup.engine.num_gpu_blocks,
-    )
-    return summary
+def _made_fewer(cells: Sequence[Cell], runs: Sequence[dict[str, Any]]) -> list[str]:
+    """For workloads whose size is not known in advance (a trace): a cell that made fewer requests
+    than --requests asked for."""
+    out: dict[str, str] = {}
+    for cell, run in zip(cells, runs, strict=True):
+        made = run["completed"] + run["failed"]
+        if cell.requests is not None and made < cell.requests and run["load_kind"] == "trace":
+            out.setdefault(
+                cell.workload.name,
+                f"--requests {cell.requests:,} is more than the {cell.workload.name} workload made: "
+                f"{made:,} requests, one per line of its trace",
+            )
+    return list(out.values())
 
 
-def _level(arrivals: Arrivals, trace: bool) -> float | None:
-    """The run's load for the table, the JSON and the plot: requests/s, concurrency, or None for a
-    trace's own arrivals."""
-    if isinstance(arrivals, ClosedLoop):
-        return float(arrivals.concurrency)
-    return None if trace else arrivals.qps
+def _report(runs: list[dict[str, Any]], plan: _Plan, args: argparse.Namespace) -> None:
+    """The tables on stdout, the JSON and the plot."""
+    stats = aggregate.stats(runs)
+    summary = aggregate.summary(runs, plan.metric)
+    seeds = max(len(s["seeds"]) for s in stats)
+    if plan.grid is None and seeds == 1:
+        print_table(runs)
+    else:
+        show.print_stats(stats)
+    show.print_failures(runs)
+    if plan.grid is not None:
+        show.print_summary(summary)
+    if args.json:
+        document: dict[str, Any] = {}
+        if plan.grid is not None:
+            document["grid"] = plan.grid.model_dump(mode="json")
+        document.update(runs=runs, stats=stats, summary=summary)
+        Path(args.json).write_text(json.dumps(finite(document), indent=2))
+    if args.plot:
+        plot(stats, args.plot)
 
 
-def _advance(progress: Progress, task: TaskID) -> Callable[[], None]:
-    def advance() -> None:
-        progress.advance(task)
-
-    return advance
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
