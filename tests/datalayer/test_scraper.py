@@ -14,6 +14,7 @@ from aiohttp import web
 
 from epick.datalayer.datastore import Datastore, EndpointSpec
 from epick.datalayer.scraper import Scraper, ScraperPool
+from epick.datalayer.traffic import Traffic
 from epick.plugins.datalayer.engines import ENGINE_LABEL, ENGINES
 from epick.sim.options import ServerOptions
 from epick.sim.server import SimServer
@@ -450,3 +451,106 @@ async def test_a_server_refusing_the_filter_is_asked_for_the_whole_page_from_the
     assert [bool(q) for q in fake.queries] == [True, False, False, False]
     assert scraper.failures == 0 and scraper.scrapes == 3 and scraper.filtered is None
     assert any("asking for the whole page" in m for m in infos_about(caplog, "b"))
+
+
+# --- quiet scraping (idle_interval with Traffic)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_quiet_endpoint_is_not_scraped_until_traffic_or_the_idle_interval(
+    make_app: MakeApp, make_scraper: MakeScraper
+) -> None:
+    metrics = MetricsApp(vllm_page(waiting=0, running=0, kv=0.0))
+    server = await make_app(metrics.app())
+    ds = Datastore()
+    spec = spec_for(server.host_port, "a")
+    ds.upsert(spec)
+    clock = FakeClock()
+    traffic = Traffic(clock)
+    scraper = make_scraper(spec, ds, idle_interval=1.0, traffic=traffic)
+
+    await scraper.tick()
+    assert metrics.hits == 1  # the first tick always scrapes
+    stamped = ds.get("a").metrics.update_time  # type: ignore[union-attr]
+    clock.now += 0.05
+    await scraper.tick()
+    assert metrics.hits == 1 and scraper.skipped == 1  # idle, and nothing sent: not scraped
+    restamped = ds.get("a").metrics.update_time  # type: ignore[union-attr]
+    assert stamped is not None and restamped is not None and restamped >= stamped  # kept fresh
+
+    traffic.sent("a")  # a request goes to it: the next tick scrapes
+    clock.now += 0.05
+    await scraper.tick()
+    assert metrics.hits == 2
+    traffic.done("a")
+    clock.now += 0.05
+    await scraper.tick()
+    assert metrics.hits == 2  # it ended before this tick, and was seen by the last scrape's metrics
+
+    clock.now += 1.0  # the idle interval has passed since the last scrape
+    await scraper.tick()
+    assert metrics.hits == 3
+
+
+async def test_a_busy_or_failing_endpoint_is_scraped_every_tick(
+    make_app: MakeApp, make_scraper: MakeScraper
+) -> None:
+    metrics = MetricsApp(vllm_page(waiting=0, running=1, kv=0.2))  # running a request from elsewhere
+    server = await make_app(metrics.app())
+    ds = Datastore()
+    spec = spec_for(server.host_port, "a")
+    ds.upsert(spec)
+    traffic = Traffic(FakeClock())
+    scraper = make_scraper(spec, ds, idle_interval=1.0, traffic=traffic)
+    for _ in range(3):
+        await scraper.tick()
+    assert metrics.hits == 3 and scraper.skipped == 0
+    metrics.page = vllm_page(waiting=0, running=0)
+    metrics.status = 500
+    for _ in range(2):
+        await scraper.tick()
+    # A failed scrape proves nothing: each tick tries again (the filtered page, then the whole one).
+    assert scraper.failures == 2 and scraper.skipped == 0
+    metrics.status = 200
+    hits = metrics.hits
+    await scraper.tick()
+    await scraper.tick()
+    assert metrics.hits == hits + 1 and scraper.skipped == 1  # read idle once, then quiet
+
+
+async def test_without_an_idle_interval_every_tick_scrapes(
+    make_app: MakeApp, make_scraper: MakeScraper
+) -> None:
+    metrics = MetricsApp(vllm_page(waiting=0, running=0))
+    server = await make_app(metrics.app())
+    ds = Datastore()
+    spec = spec_for(server.host_port, "a")
+    ds.upsert(spec)
+    scraper = make_scraper(spec, ds, traffic=Traffic(FakeClock()))  # upstream's default: no idle interval
+    for _ in range(3):
+        await scraper.tick()
+    assert metrics.hits == 3 and scraper.skipped == 0
+
+
+def test_traffic_counts_each_endpoints_requests() -> None:
+    clock = FakeClock()
+    traffic = Traffic(clock)
+    traffic.sent("a")
+    traffic.sent("a")
+    assert traffic.in_flight("a") == 2 and not traffic.quiet_since("a", 0.0)
+    traffic.done("a")
+    traffic.done("a")
+    traffic.done("a")  # one too many (a response reported twice) does not go below zero
+    assert traffic.in_flight("a") == 0
+    assert not traffic.quiet_since("a", clock.now)  # sent at this moment, not before it
+    assert traffic.quiet_since("a", clock.now + 0.001)
+    assert traffic.quiet_since("b", 0.0)
+    traffic.forget("a")
+    assert traffic.quiet_since("a", 0.0)

@@ -192,6 +192,26 @@ async def test_a_client_that_stops_reading_stops_the_server(
     assert flood.sent == total
 
 
+async def test_quiet_scraping_hears_of_each_request_and_spares_an_idle_server(
+    make_sim: MakeSim, make_service: MakeService, make_client: MakeClient
+) -> None:
+    """With --idle-scrape-interval, each request's target is told to the data layer as it goes and as
+    it ends: an idle server is not scraped while nothing goes to it, and is scraped once one does."""
+    sim = await make_sim(time_scale=FAST)
+    name = f"127.0.0.1:{sim.port}"
+    service = await make_service([name], idle_scrape_interval=30.0)
+    assert service.traffic is not None
+    scraper = service.scrapers.scraper(name)
+    assert scraper is not None
+    await wait_until(lambda: scraper.skipped > 0)  # scraped idle once; quiet since
+    scrapes = scraper.scrapes
+    client = make_client(service)
+    answer = await client.completions.create(model=MODEL, prompt="hello", max_tokens=4)
+    assert answer.choices[0].text
+    assert service.traffic.in_flight(name) == 0  # it went, and it ended
+    await wait_until(lambda: scraper.scrapes > scrapes)  # sent to since the last scrape: scraped
+
+
 async def test_models_is_the_union_of_the_servers_models(
     make_sim: MakeSim, make_service: MakeService, make_client: MakeClient, http: aiohttp.ClientSession
 ) -> None:

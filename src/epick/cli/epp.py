@@ -189,6 +189,7 @@ def settings_from_flags(
         pprof=flags.boolean("enable-pprof"),
         tracing=flags.boolean("tracing"),
         refresh_metrics_interval=refresh,
+        idle_scrape_interval=flags.number("idle-scrape-interval"),
         pool_name=pool or "epick",
         workers=epp_workers(
             flags.integer("workers"), leader_election=flags.boolean("ha-enable-leader-election")

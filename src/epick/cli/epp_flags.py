@@ -185,6 +185,13 @@ EPICK_FLAGS: tuple[FlagSpec, ...] = (
         "epick: worker processes (0: one per core of the container's CPU limit, at most the config allows, "
         "and 1 with no limit).",
     ),
+    FlagSpec(
+        "idle-scrape-interval",
+        "duration",
+        0,
+        "epick: scrape an endpoint that is idle and was sent nothing since its last scrape only this "
+        "often (0: every --refresh-metrics-interval, as upstream).",
+    ),
     FlagSpec("lease-duration", "duration", 15 * S, "epick: how long a leader's Lease holds without renewal."),
     FlagSpec(
         "lease-renew-deadline",
@@ -272,6 +279,7 @@ HOW: dict[str, str] = {
     "model-server-metrics-https-insecure-skip-verify": "GIE v1.5.0 only; warns and is ignored",
     "proxy-port": "epick's own",
     "workers": "epick's own",
+    "idle-scrape-interval": "epick's own: quiet scraping (docs/performance.md, \"Watching the fleet\")",
     "lease-duration": "epick's own (upstream: controller-runtime's 15s, not settable)",
     "lease-renew-deadline": "epick's own (upstream: controller-runtime's 10s, not settable)",
     "lease-retry-period": "epick's own (upstream: controller-runtime's 2s, not settable)",

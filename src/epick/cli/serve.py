@@ -91,6 +91,13 @@ def _limit_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=int, default=9090, help="epick's own /metrics (0: off)")
     p.add_argument("--refresh-metrics-interval", default="50ms", help="scrape interval per endpoint")
     p.add_argument(
+        "--idle-scrape-interval",
+        default="0s",
+        help="scrape an endpoint that is idle (nothing running or waiting) and was sent nothing since "
+        "its last scrape only this often; 0: every --refresh-metrics-interval, as upstream "
+        "(epick.datalayer.scraper, quiet scraping)",
+    )
+    p.add_argument(
         "--metrics-staleness-threshold", default=None, help="metrics older than this count as saturated"
     )
     p.add_argument(
@@ -308,6 +315,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
             metrics_port=args.metrics_port or None,
             metrics_host=args.host,
             refresh_metrics_interval=parse_duration(args.refresh_metrics_interval),
+            idle_scrape_interval=parse_duration(args.idle_scrape_interval),
             metrics_staleness_threshold=parse_duration(staleness) if staleness else None,
             objectives=_objectives(args.objective),
             pool_name=args.pool_name or "epick",

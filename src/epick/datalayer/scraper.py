@@ -27,6 +27,16 @@ scrape's outcome reaches every worker (epick.datalayer.shared): its metrics, or 
 counts towards `unhealthy_after` in every worker as the worker's own would. A source whose extractors
 read more than the shared core metrics (custom metrics, DCGM, /v1/models) is scraped by every worker
 every interval, as before.
+
+Quiet scraping (`idle_interval`, `--idle-scrape-interval`; off by default, as upstream scrapes every
+interval): a tick finds an endpoint quiet when its last scrape read an idle engine (nothing running,
+nothing waiting), scraped without failure, and this router has sent it nothing since (`Traffic`). A
+quiet endpoint is not scraped: its metrics are kept, stamped fresh, until `idle_interval` has passed
+since the last scrape; the first request sent to it makes the next tick scrape again. What the
+endpoint receives from elsewhere (another router that shares no state, clients that bypass the
+router) goes unseen for up to `idle_interval`. Under `--workers` a worker judges by its own traffic:
+when another worker's turn finds the endpoint quiet while this one has sent to it, this worker's next
+turn scrapes it.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import ssl
 import time
 from collections.abc import Callable
@@ -43,6 +54,7 @@ from urllib.parse import quote
 from epick.config.datalayer import DataLayerPlan, PolledSource
 from epick.datalayer.datastore import Datastore, EndpointSpec
 from epick.datalayer.http import HTTPError, MetricsClient, tls_context
+from epick.datalayer.traffic import Traffic
 from epick.framework import Endpoint
 from epick.framework.datalayer import (
     CoreMetricsReader,
@@ -136,9 +148,12 @@ class Scraper:
         share: tuple[int, int] | None = None,
         on_failure: Callable[[str], None] | None = None,
         errors: ScrapeErrors | None = None,
+        idle_interval: float = 0.0,
+        traffic: Traffic | None = None,
     ) -> None:
         """`share` = (k, n): scrape in the k-th of every n intervals (the workers' turns);
-        `on_failure` hears the endpoint's name after each failed scrape of its core metrics."""
+        `on_failure` hears the endpoint's name after each failed scrape of its core metrics;
+        `idle_interval` > 0 with `traffic`: quiet scraping (the module's docstring)."""
         self.spec = spec
         self.datastore = datastore
         self.polled = polled
@@ -179,6 +194,10 @@ class Scraper:
         self.scrapes = 0
         self.failures = 0
         self.consecutive_failures = 0
+        self.idle_interval = idle_interval if traffic is not None and self.drives_health else 0.0
+        self.traffic = traffic
+        self.skipped = 0  # ticks that found the endpoint quiet
+        self._last_scrape = -math.inf  # the traffic clock when the last scrape began
         self._task: asyncio.Task[None] | None = None
 
     def _filtered_path(self) -> str | None:
@@ -210,6 +229,39 @@ class Scraper:
                 await self._task
         if self.client is not None:
             self.client.close()
+
+    def quiet(self) -> bool:
+        """Whether this tick may skip the scrape: see the module's docstring (quiet scraping)."""
+        traffic = self.traffic
+        if self.idle_interval <= 0 or traffic is None or self.consecutive_failures or self.last_error:
+            return False
+        last = self._last_scrape
+        if traffic.clock() - last >= self.idle_interval or not traffic.quiet_since(self.spec.name, last):
+            return False
+        endpoint = self.datastore.get(self.spec.name)
+        metrics = endpoint.metrics if endpoint is not None else None
+        return (
+            metrics is not None
+            and metrics.update_time is not None
+            and metrics.waiting_queue_size == 0
+            and metrics.running_requests_size == 0
+        )
+
+    def _skip(self) -> None:
+        """A quiet tick: the endpoint's metrics, unchanged, count as read now (they do not go stale)."""
+        self.skipped += 1
+        endpoint = self.datastore.get(self.spec.name)
+        if endpoint is not None and endpoint.metrics.update_time is not None:
+            self.datastore.update_metrics(self.spec.name, endpoint.metrics._replace(update_time=time.time()))
+
+    async def tick(self) -> None:
+        """What a tick does: scrape, or skip a quiet endpoint."""
+        if self.quiet():
+            self._skip()
+            return
+        if self.traffic is not None:
+            self._last_scrape = self.traffic.clock()
+        await self.scrape_once()
 
     async def scrape_once(self) -> None:
         started = time.time()
@@ -312,7 +364,7 @@ class Scraper:
         while True:
             started = loop.time()
             try:
-                await self.scrape_once()
+                await self.tick()
             except Exception as e:  # a scraper must outlive anything an endpoint sends it
                 self.failures += 1
                 self._report(f"unexpected {type(e).__name__}: {e}")
@@ -361,9 +413,14 @@ class ScraperPool:
         interval: float = 0.05,
         timeout: float = 1.0,
         plan: DataLayerPlan,
+        idle_interval: float = 0.0,
+        traffic: Traffic | None = None,
     ) -> None:
-        """`plan`: the config's data layer (`LoadedConfig.data_layer`), defaults injected."""
+        """`plan`: the config's data layer (`LoadedConfig.data_layer`), defaults injected;
+        `idle_interval` and `traffic`: quiet scraping (the module's docstring)."""
         self.datastore = datastore
+        self.idle_interval = idle_interval
+        self.traffic = traffic
         self.errors = ScrapeErrors()  # every scraper's failures
         self.interval = interval
         self.timeout = timeout
@@ -408,6 +465,8 @@ class ScraperPool:
             task = asyncio.get_running_loop().create_task(old.stop())
             self._stopping.add(task)
             task.add_done_callback(self._stopping.discard)
+        if spec is None and self.traffic is not None:
+            self.traffic.forget(name)
         if spec is None or not self._started:
             return
         endpoint = endpoint_of(spec)
@@ -435,6 +494,8 @@ class ScraperPool:
                 share=self.share if _shared_whole(polled) else None,
                 on_failure=self._failed,
                 errors=self.errors,
+                idle_interval=self.idle_interval,
+                traffic=self.traffic,
             )
             for polled in self.plan.polled
         ]

@@ -69,6 +69,7 @@ class RequestCycle:
         "_labels",
         "_last_chunk",
         "_response_bytes",
+        "_sent_to",
         "_span",
         "_streams",
         "body",
@@ -97,6 +98,7 @@ class RequestCycle:
         self.client_model = client_model or request.target_model  # before any rewrite
         self.usage = usage  # reads the response's usage (None: the response is not read for it)
         self.result = _NOT_DECIDED
+        self._sent_to = ""  # the primary target, as told to the director's traffic
         self.cycle_state: CycleState | None = None
         # Flow control may evict it while in flight (enableEviction): how the front end hears of it.
         self.eviction: EvictionSignal | None = None
@@ -173,6 +175,9 @@ class RequestCycle:
             tracing.inject(span, result.hook_headers)  # the model server's request carries the trace
         if not self._counted and result.targets:
             self._counted = True
+            if self.director.traffic is not None:
+                self._sent_to = result.targets[0].name
+                self.director.traffic.sent(self._sent_to)
             observer = self.director.observer
             observer.request(self.labels, self.request.size)
             observer.running(self.labels, 1)
@@ -346,6 +351,8 @@ class RequestCycle:
         for hook in director.config.hooks.response_complete:
             safely(hook.response_complete, self.request, response, endpoint)
         if self._counted:
+            if self._sent_to and director.traffic is not None:
+                director.traffic.done(self._sent_to)
             now = director.clock()
             observer = director.observer
             observer.running(self.labels, -1)

@@ -22,6 +22,7 @@ from epick.config import LoadedConfig
 from epick.datalayer.datastore import EndpointSpec
 from epick.datalayer.health import EndpointHealth
 from epick.datalayer.rewrites import ModelRewrites
+from epick.datalayer.traffic import Traffic
 from epick.flowcontrol import FlowObserver
 from epick.framework import (
     BadRequestError,
@@ -142,6 +143,9 @@ class Director:
         # Called before every scheduling: `epick serve --workers` applies the other workers'
         # updates already received, so a decision sees every decision that reached this process.
         self.before_schedule: Callable[[], None] | None = None
+        # Told each request's primary target as it is dispatched and as it ends (the data layer's
+        # quiet scraping reads it); None: not tracked.
+        self.traffic: Traffic | None = None
 
     def set_objectives(self, objectives: Mapping[str, int]) -> None:
         """Objective name -> priority (InferenceObjectives changed); flow control keeps their bands."""

@@ -35,6 +35,7 @@ from epick.datalayer.objectives import Objective
 from epick.datalayer.objectives import priorities as objective_priorities
 from epick.datalayer.rewrites import Rewrite, RewriteError
 from epick.datalayer.scraper import ScraperPool
+from epick.datalayer.traffic import Traffic
 from epick.extproc.health import HealthService
 from epick.extproc.server import ExtProcServer
 from epick.framework.parsing import protocol_mismatch
@@ -115,8 +116,14 @@ class Service:
         )
         self.reloads = ConfigReloads()  # SIGHUP's and --watch-config-file's
         self.metrics.registry.register(self.reloads)
+        # The requests sent to each endpoint, for quiet scraping (None: off, as upstream).
+        self.traffic = Traffic() if settings.idle_scrape_interval > 0 else None
         self.scrapers = ScraperPool(
-            self.datastore, interval=settings.refresh_metrics_interval, plan=self.config.data_layer
+            self.datastore,
+            interval=settings.refresh_metrics_interval,
+            plan=self.config.data_layer,
+            idle_interval=settings.idle_scrape_interval,
+            traffic=self.traffic,
         )
         self.metrics.registry.register(DataLayerErrors(self.scrapers.errors))
         self.catalog = ModelCatalog(self.datastore)
@@ -138,6 +145,7 @@ class Service:
         )
         if self.tracing is not None:
             self.director.tracing = self.tracing.tracing
+        self.director.traffic = self.traffic
         self.director.subset_filter = settings.subset_filter
         self.director.emit_scores = settings.emit_endpoint_scores
         self.datastore.subscribe(self.director.endpoint_changed)

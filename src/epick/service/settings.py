@@ -74,6 +74,9 @@ class Settings:
     # OpenTelemetry spans for each request (`--tracing`), set up from the OTEL_* environment.
     tracing: bool = False
     refresh_metrics_interval: float = 0.05
+    # Quiet scraping (epick.datalayer.scraper): an idle endpoint sent nothing since its last scrape is
+    # scraped only this often; 0: every refresh interval, as upstream.
+    idle_scrape_interval: float = 0.0
     metrics_staleness_threshold: float | None = None
     objectives: tuple[tuple[str, int], ...] = ()  # objective name -> priority
     pool_name: str = "epick"  # the metrics' pool label
@@ -163,6 +166,11 @@ class Settings:
         if self.refresh_metrics_interval <= 0:
             raise SettingsError(
                 f"the metrics refresh interval must be positive (got {self.refresh_metrics_interval})"
+            )
+        if self.idle_scrape_interval < 0 or 0 < self.idle_scrape_interval < self.refresh_metrics_interval:
+            raise SettingsError(
+                f"the idle scrape interval must be 0 (off) or at least the refresh interval "
+                f"{self.refresh_metrics_interval:g}s (got {self.idle_scrape_interval:g}s)"
             )
         if self.leader_election is not None:
             if self.workers is not None and self.workers > 1:
