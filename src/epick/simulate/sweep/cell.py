@@ -11,6 +11,7 @@ and so stay out of the summary.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import random
 import resource
@@ -153,6 +154,14 @@ def level(arrivals: Arrivals, trace: bool) -> float | None:
 def run_cell(cell: Cell, progress: Callable[[], None] | None = None) -> CellOutcome:
     """The cell's run, summarized. `progress` is called after each request (in this process)."""
     started = time.perf_counter()
+    run = _run(cell, progress)
+    # A run leaves reference cycles (engines, policy, records) that the collector would reach only
+    # after some more cells: collected now, a worker's memory is its largest cell's, not a sum.
+    gc.collect()
+    return CellOutcome(run, time.perf_counter() - started, max_rss_bytes())
+
+
+def _run(cell: Cell, progress: Callable[[], None] | None) -> dict[str, Any]:
     workload = cell.workload.build()
     trace = isinstance(workload, Trace)
     specs: Iterable[SimRequestSpec] = workload.requests(random.Random(cell.seed))
@@ -186,7 +195,7 @@ def run_cell(cell: Cell, progress: Callable[[], None] | None = None) -> CellOutc
         num_gpu_blocks=engine.num_gpu_blocks,
         seed=cell.seed,
     )
-    return CellOutcome(run, time.perf_counter() - started, max_rss_bytes())
+    return run
 
 
 def max_rss_bytes() -> int:
