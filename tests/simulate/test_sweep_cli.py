@@ -197,11 +197,12 @@ def test_the_sample_grid_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     small = tmp_path / "grid.yaml"
     small.write_text(yaml.safe_dump(sample))
     out = tmp_path / "grid.json"
-    code, _, err = simulate(["--grid", str(small), "--json", str(out)], capsys)
+    code, printed, err = simulate(["--grid", str(small), "--json", str(out)], capsys)
     assert code == 0, err
     points = json.loads(out.read_text())["summary"]["points"]
     assert len(points) == 3 * 2  # three workloads, two loads
     assert "24 cells in" in err
+    assert "1 seed per cell: no intervals (n/a" in printed and "±" not in printed
 
 
 @pytest.mark.parametrize(

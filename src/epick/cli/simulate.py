@@ -449,14 +449,13 @@ def run(args: argparse.Namespace) -> int:
         return 130
     wall = time.perf_counter() - started
     runs = [o.run for o in outcomes]
-    for warning in _made_fewer(plan.cells, runs):
+    for warning in _made_fewer(plan.cells, runs, "requests:" if plan.grid else "--requests"):
         print(f"epick simulate: warning: {warning}", file=sys.stderr)
     _report(runs, plan, args)
-    where = (
-        f"on Ray ({args.ray_address})" if args.ray_address else f"on {workers} worker{'s' * (workers > 1)}"
-    )
-    if workers == 1 and not args.ray_address:
-        where = "in this process"
+    if args.ray_address:
+        where = f"on Ray ({args.ray_address})"
+    else:
+        where = f"on {workers} workers" if workers > 1 else "in this process"
     peak = max(o.max_rss_bytes for o in outcomes) / 2**20
     print(
         f"{len(outcomes)} cell{'s' * (len(outcomes) > 1)} in {_duration(wall)} {where}: "
@@ -487,16 +486,16 @@ def _execute(cells: Sequence[Cell], ray_address: str | None, workers: int) -> li
         return run_local(cells, workers, done)
 
 
-def _made_fewer(cells: Sequence[Cell], runs: Sequence[dict[str, Any]]) -> list[str]:
+def _made_fewer(cells: Sequence[Cell], runs: Sequence[dict[str, Any]], flag: str) -> list[str]:
     """For workloads whose size is not known in advance (a trace): a cell that made fewer requests
-    than --requests asked for."""
+    than `flag` (--requests, or the grid's requests:) asked for."""
     out: dict[str, str] = {}
     for cell, run in zip(cells, runs, strict=True):
         made = run["completed"] + run["failed"]
-        if cell.requests is not None and made < cell.requests and run["load_kind"] == "trace":
+        if cell.requests is not None and made < cell.requests and cell.workload.kind == "trace":
             out.setdefault(
                 cell.workload.name,
-                f"--requests {cell.requests:,} is more than the {cell.workload.name} workload made: "
+                f"{flag} {cell.requests:,} is more than the {cell.workload.name} workload made: "
                 f"{made:,} requests, one per line of its trace",
             )
     return list(out.values())

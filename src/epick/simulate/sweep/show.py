@@ -64,7 +64,12 @@ def print_stats(stats: Sequence[dict[str, Any]]) -> None:
         table.add_row(*(str(row[f]) for f in axes), _load(row), row["policy"], *cells)
     console = _console()
     console.print(table)
-    console.print(f"{seeds} seed{'s' if seeds > 1 else ''} per cell: " + LEGEND)
+    if seeds > 1:
+        console.print(f"{seeds} seeds per cell: " + LEGEND, highlight=False)
+    else:
+        console.print(
+            "1 seed per cell: no intervals (n/a; --seeds 2 or more); * best at its point", highlight=False
+        )
 
 
 def _nan(value: float | None) -> float:
