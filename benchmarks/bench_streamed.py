@@ -6,7 +6,9 @@ Poisson arrivals at a fixed seed, the same requests through each router in turn:
   spend idle (measured just before, scrapes and timers: epick's is its watching of the fleet), over
   the requests;
 - **added latency**: TTFT and inter-token latency (the gaps between a stream's chunks) p50 and p99,
-  each against the same requests sent straight to the servers (round robin);
+  each against the same requests sent straight to the servers (round robin); a second baseline
+  sends them straight too while an idle epick scrapes the servers every 50 ms, which shows what
+  answering the scrapes costs the servers' streams (all 8 simulated servers are one process here);
 - routers: epick's proxy with one worker and with two; Envoy with epick's ext_proc in GIE's modes
   (request and response bodies FULL_DUPLEX_STREAMED: every response chunk goes through epick and
   back), where the CPU is epick's alone and Envoy's own is in its column; vllm-router's cache_aware
@@ -232,7 +234,7 @@ def report(console: Console, runs: list[Run], title: str) -> None:
     columns = ("router", "CPU µs/request", "Envoy µs/request", "idle cores", "TTFT p50 ms", "TTFT p99 ms",
                "ITL p50 ms", "ITL p99 ms", "+TTFT p50", "+ITL p99", "failed")  # fmt: skip
     for col in columns:
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", no_wrap=col == "router")
     base_run = runs[0]
     for run in runs:
         cpu = "–" if run.cpu_per_request is None else f"{run.cpu_per_request * 1e6:,.0f}"
@@ -263,19 +265,25 @@ def main() -> None:
     n, rounds = (96, 1) if args.quick else (args.requests, args.rounds)
     rate = args.rate * args.time_scale
     chats = prompts(n, args.seed)
-    console = Console(width=140)
+    console = Console(width=190)
     base = consecutive_ports(SERVERS)
     backends = [f"127.0.0.1:{base + i}" for i in range(SERVERS)]
     fleet = [*EPICK, "sim-server", "--port", str(base), "--count", str(SERVERS),
              "--time-scale", str(args.time_scale)]  # fmt: skip
     fronts = fronts_for(backends, console)
-    measured: dict[str, list[Run]] = {"direct (round robin, no router)": []}
+    scraped = "direct, servers scraped (an idle epick, 50 ms)"
+    measured: dict[str, list[Run]] = {"direct (round robin, no router)": [], scraped: []}
     with process(fleet):
         asyncio.run(wait_http(f"http://{backends[-1]}/metrics"))
         for _ in range(rounds):
             direct = Run("direct (round robin, no router)")
             measure(direct, [], [f"http://{b}" for b in backends], chats, rate=rate, seed=args.seed)
             measured[direct.name].append(direct)
+            # The servers' side of watching: answering scrapes takes their time from streaming.
+            with epick_proxy(backends, 1).start() as _:
+                run = Run(scraped)
+                measure(run, [], [f"http://{b}" for b in backends], chats, rate=rate, seed=args.seed)
+                measured[scraped].append(run)
             for front in fronts:
                 with front.start() as (pids, others, url):
                     run = Run(front.name)

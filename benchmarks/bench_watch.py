@@ -9,7 +9,8 @@ watching the fleet: upstream's 50 ms interval, slower intervals, and 50 ms with 
   (the simulated servers' process; on vLLM, its API server);
 - **prefix hit rate** (the servers' own `vllm:prefix_cache_hits` / `queries` over the run) and TTFT.
 
-Idle figures are measured over 3 s before each run. `--rates` runs each setting at several rates.
+Every run starts fresh servers, so each setting meets cold caches alike. Idle figures are measured
+over 3 s before each run. `--rates` runs each setting at several rates.
 """
 
 from __future__ import annotations
@@ -99,15 +100,16 @@ def main() -> None:
     chats = prompts(n, args.seed)
     console = Console(width=150)
     for rate in rates:
-        base = consecutive_ports(SERVERS)
-        backends = [f"127.0.0.1:{base + i}" for i in range(SERVERS)]
-        fleet = [*EPICK, "sim-server", "--port", str(base), "--count", str(SERVERS),
-                 "--time-scale", str(args.time_scale)]  # fmt: skip
         results = {name: Measured(name) for name, _ in SETTINGS}
-        with process(fleet) as servers:
-            asyncio.run(wait_http(f"http://{backends[-1]}/metrics"))
-            for _ in range(rounds):
-                for name, extra in SETTINGS:
+        for _ in range(rounds):
+            for name, extra in SETTINGS:
+                # Fresh servers for every run: each setting starts from cold caches alike.
+                base = consecutive_ports(SERVERS)
+                backends = [f"127.0.0.1:{base + i}" for i in range(SERVERS)]
+                fleet = [*EPICK, "sim-server", "--port", str(base), "--count", str(SERVERS),
+                         "--time-scale", str(args.time_scale)]  # fmt: skip
+                with process(fleet) as servers:
+                    asyncio.run(wait_http(f"http://{backends[-1]}/metrics"))
                     proxy, metrics = free_ports(2)
                     cmd = [*EPICK, "serve", "--endpoints", ",".join(backends), "--proxy-port", str(proxy),
                            "--metrics-port", str(metrics), "--no-extproc", "--workers", "1",

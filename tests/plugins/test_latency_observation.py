@@ -766,6 +766,8 @@ def test_the_scorer_alone_gets_both_default_producers() -> None:
     assert o in config.hooks.response_streaming and o in config.hooks.response_complete
     assert config.worker_states["latency-observer-producer-hub"] == observer.WORKER_STATE
     assert config.worker_states["latency-observation-scorer-hub"] == ""
+    # Unlisted under dataLayer.sources it still works (lazily): no "not used" warning says otherwise.
+    assert not any("is not used" in w for w in config.warnings), config.warnings
 
 
 def test_upstreams_example_loads_with_the_observer_listed_as_a_source() -> None:

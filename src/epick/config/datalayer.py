@@ -66,6 +66,10 @@ class DataLayerPlan:
 
 
 def _is_data_plugin(plugin: Plugin) -> bool:
+    """A plugin that does nothing unless a data-layer source lists it (one that says it works
+    unlisted, `works_unlisted`, is not)."""
+    if getattr(plugin, "works_unlisted", False):
+        return False
     return isinstance(
         plugin,
         PollingSource

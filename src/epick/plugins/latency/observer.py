@@ -473,6 +473,8 @@ class LatencyObserver(NamedPlugin):
         recompute: epick recomputes lazily, so the entry binds nothing and notifies nothing."""
         return True
 
+    works_unlisted = True  # unlisted, it is no unused data source: the loader does not warn so
+
 
 def _factory(name: str, params: ObserverParameters, handle: Handle) -> LatencyObserver:
     inflight = resolve_inflight(handle, params.in_flight_load_producer_name, "inFlightLoadProducerName")
