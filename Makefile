@@ -43,6 +43,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_replicas.py --quick
 	$(BIN)/python benchmarks/bench_scrapes.py --quick
 	$(BIN)/python benchmarks/bench_idle.py --quick
+	$(BIN)/python benchmarks/bench_sweep.py --quick
 	$(BIN)/python benchmarks/bench_watch.py --quick
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/bench_dataplane.py
