@@ -124,8 +124,8 @@ def print_summary(summary: dict[str, Any]) -> None:
         )
     if noise:
         console.print(
-            f"{len(noise)} more flip{'s' * (len(noise) > 1)} within the noise: the old best is within the "
-            "noise of the new (--json lists them)",
+            f"{len(noise)} flip{'s' * (len(noise) > 1)} within the noise, not listed: there the old best "
+            "is within the noise of the new (--json lists them)",
             highlight=False,
         )
     if not flips:
