@@ -9,7 +9,7 @@ servers spend answering, per scrape and per second.
    ratio of epick's way to the whole page's.
 2. **`epick serve --workers 1` and `--workers 2`** against 8 simulated servers (`epick sim-server`),
    idle: the CPU of the router's processes and of the simulators per second of wall time, two
-   workers' against one's.
+   workers' against one's; then the same with quiet scraping (`--idle-scrape-interval 1s`).
 
 CPU is read from /proc (user + system) of each process and its children.
 """
@@ -120,8 +120,9 @@ async def one_scrape(endpoints: int, seconds: float, filtered: bool) -> tuple[fl
     return router / scrapes * 1e6, served / scrapes * 1e6, size
 
 
-def idle_serve(workers: int, seconds: float, servers: int = 8) -> tuple[float, float]:
-    """(router CPU, simulators' CPU), in cores, of an idle `epick serve --workers N`."""
+def idle_serve(workers: int, seconds: float, servers: int = 8, *, quiet: str = "") -> tuple[float, float]:
+    """(router CPU, simulators' CPU), in cores, of an idle `epick serve --workers N` (with
+    `--idle-scrape-interval quiet` when given)."""
     base = consecutive_ports(servers)
     proxy, metrics = free_ports(2)
     sim = [sys.executable, "-m", "epick.cli.main", "sim-server", "--port", str(base), "--count", str(servers)]
@@ -132,6 +133,7 @@ def idle_serve(workers: int, seconds: float, servers: int = 8) -> tuple[float, f
             "--endpoints", ",".join(f"127.0.0.1:{base + i}" for i in range(servers)),
             "--proxy-port", str(proxy), "--metrics-port", str(metrics), "--no-extproc",
             "--workers", str(workers), "--log-level", "error",
+            *(["--idle-scrape-interval", quiet] if quiet else []),
         ]  # fmt: skip
         with process(router) as serve:
             asyncio.run(wait_http(f"http://127.0.0.1:{proxy}/health"))
@@ -177,12 +179,15 @@ def main() -> None:
     console.print(table)
 
     table = Table(title=f"idle epick serve against 8 simulated servers, 50 ms, {seconds:g} s")
-    for col in ("workers", "router CPU (cores)", "servers CPU (cores)", "router ratio to 1 worker"):
+    for col in ("workers", "scraping", "router CPU (cores)", "servers CPU (cores)", "router / 1 worker's"):
         table.add_column(col, justify="right")
-    one = idle_serve(1, seconds)
-    two = idle_serve(2, seconds)
-    for workers, (router, served) in ((1, one), (2, two)):
-        table.add_row(str(workers), f"{router:.3f}", f"{served:.3f}", f"{router / one[0]:.2f}")
+    for quiet in ("", "1s"):
+        one = idle_serve(1, seconds, quiet=quiet)
+        two = idle_serve(2, seconds, quiet=quiet)
+        how = f"quiet ({quiet})" if quiet else "every 50 ms"
+        for workers, (router, served) in ((1, one), (2, two)):
+            ratio = f"{router / one[0]:.2f}" if one[0] > 0 else "–"
+            table.add_row(str(workers), how, f"{router:.3f}", f"{served:.3f}", ratio)
     console.print(table)
 
 

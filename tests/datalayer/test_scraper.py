@@ -476,12 +476,15 @@ async def test_a_quiet_endpoint_is_not_scraped_until_traffic_or_the_idle_interva
     traffic = Traffic(clock)
     scraper = make_scraper(spec, ds, idle_interval=1.0, traffic=traffic)
 
+    published: list[str] = []
+    ds.on_metrics = lambda name, _: published.append(name)  # what goes to the other workers
     await scraper.tick()
-    assert metrics.hits == 1  # the first tick always scrapes
+    assert metrics.hits == 1 and published == ["a"]  # the first tick always scrapes
     stamped = ds.get("a").metrics.update_time  # type: ignore[union-attr]
     clock.now += 0.05
     await scraper.tick()
     assert metrics.hits == 1 and scraper.skipped == 1  # idle, and nothing sent: not scraped
+    assert published == ["a"]  # a quiet tick sends the other workers nothing
     restamped = ds.get("a").metrics.update_time  # type: ignore[union-attr]
     assert stamped is not None and restamped is not None and restamped >= stamped  # kept fresh
 

@@ -248,11 +248,13 @@ class Scraper:
         )
 
     def _skip(self) -> None:
-        """A quiet tick: the endpoint's metrics, unchanged, count as read now (they do not go stale)."""
+        """A quiet tick: the endpoint's metrics, unchanged, count as read now (they do not go stale).
+        Only here: under --workers each worker's own quiet turns keep its copy fresh, and nothing
+        travels between them while the fleet is idle."""
         self.skipped += 1
         endpoint = self.datastore.get(self.spec.name)
         if endpoint is not None and endpoint.metrics.update_time is not None:
-            self.datastore.update_metrics(self.spec.name, endpoint.metrics._replace(update_time=time.time()))
+            self.datastore.offer_metrics(self.spec.name, endpoint.metrics._replace(update_time=time.time()))
 
     async def tick(self) -> None:
         """What a tick does: scrape, or skip a quiet endpoint."""
