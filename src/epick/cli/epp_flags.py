@@ -279,7 +279,7 @@ HOW: dict[str, str] = {
     "model-server-metrics-https-insecure-skip-verify": "GIE v1.5.0 only; warns and is ignored",
     "proxy-port": "epick's own",
     "workers": "epick's own",
-    "idle-scrape-interval": "epick's own: quiet scraping (docs/performance.md, \"Watching the fleet\")",
+    "idle-scrape-interval": 'epick\'s own: quiet scraping (docs/performance.md, "Watching the fleet")',
     "lease-duration": "epick's own (upstream: controller-runtime's 15s, not settable)",
     "lease-renew-deadline": "epick's own (upstream: controller-runtime's 10s, not settable)",
     "lease-retry-period": "epick's own (upstream: controller-runtime's 2s, not settable)",
