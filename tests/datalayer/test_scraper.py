@@ -557,3 +557,27 @@ def test_traffic_counts_each_endpoints_requests() -> None:
     assert traffic.quiet_since("b", 0.0)
     traffic.forget("a")
     assert traffic.quiet_since("a", 0.0)
+
+
+async def test_under_workers_only_the_first_rescrapes_an_idle_endpoint(
+    make_app: MakeApp, make_scraper: MakeScraper
+) -> None:
+    metrics = MetricsApp(vllm_page(waiting=0, running=0))
+    server = await make_app(metrics.app())
+    ds = Datastore()
+    spec = spec_for(server.host_port, "a")
+    ds.upsert(spec)
+    clock = FakeClock()
+    first = make_scraper(spec, ds, idle_interval=1.0, traffic=Traffic(clock), share=(0, 2))
+    second_traffic = Traffic(clock)
+    second = make_scraper(spec, ds, idle_interval=1.0, traffic=second_traffic, share=(1, 2))
+    await first.tick()
+    await second.tick()
+    assert metrics.hits == 2  # each one's first tick scrapes
+    clock.now += 5.0  # long past the idle interval
+    await first.tick()
+    await second.tick()
+    assert metrics.hits == 3 and second.skipped == 1  # the fleet is refreshed once, by the first
+    second_traffic.sent("a")
+    await second.tick()
+    assert metrics.hits == 4  # its own traffic: the second scrapes

@@ -36,7 +36,8 @@ since the last scrape; the first request sent to it makes the next tick scrape a
 endpoint receives from elsewhere (another router that shares no state, clients that bypass the
 router) goes unseen for up to `idle_interval`. Under `--workers` a worker judges by its own traffic:
 when another worker's turn finds the endpoint quiet while this one has sent to it, this worker's next
-turn scrapes it.
+turn scrapes it; the idle fleet's scrape every `idle_interval` is the first worker's alone, its
+outcome shared as any scrape's.
 """
 
 from __future__ import annotations
@@ -236,7 +237,12 @@ class Scraper:
         if self.idle_interval <= 0 or traffic is None or self.consecutive_failures or self.last_error:
             return False
         last = self._last_scrape
-        if traffic.clock() - last >= self.idle_interval or not traffic.quiet_since(self.spec.name, last):
+        # Under --workers one worker (the first) scrapes an idle fleet every idle interval for all;
+        # the others keep quiet until their own traffic or the shared metrics say otherwise.
+        refresher = self.share is None or self.share[0] == 0
+        if refresher and traffic.clock() - last >= self.idle_interval:
+            return False
+        if not traffic.quiet_since(self.spec.name, last):
             return False
         endpoint = self.datastore.get(self.spec.name)
         metrics = endpoint.metrics if endpoint is not None else None
