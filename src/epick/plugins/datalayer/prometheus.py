@@ -43,10 +43,14 @@ def _unescape(value: str) -> str:
     return _ESCAPE.sub(lambda m: "\n" if m[1] == "n" else m[1], value)
 
 
-def _scan(text: str, name: str) -> list[_Sample]:
+_NO_LABELS: dict[str, str] = {}  # shared by samples whose labels are not read; never written to
+
+
+def _scan(text: str, name: str, *, labels: bool = True) -> list[_Sample]:
     """The samples of one family. Its first sample line is found with str.find (C speed); the text
     format keeps a family's samples together, so the rest follow line by line. A vLLM page has
-    hundreds of lines and we need half a dozen: no Python loop ever walks the whole page."""
+    hundreds of lines and we need half a dozen: no Python loop ever walks the whole page. Without
+    `labels`, label sets are skipped unread (the samples' labels are empty)."""
     samples: list[_Sample] = []
     size = len(text)
     start = 0
@@ -59,7 +63,7 @@ def _scan(text: str, name: str) -> list[_Sample]:
             end = text.find("\n", j)
             line = text[i : end if end != -1 else size]
             try:
-                samples.append(_sample(name, line))
+                samples.append(_sample(name, line, labels))
             except MetricsParseError as e:
                 raise MetricsParseError(f"line {text.count(chr(10), 0, i) + 1}: {e}") from None
             i = end + 1
@@ -69,14 +73,15 @@ def _scan(text: str, name: str) -> list[_Sample]:
     return samples
 
 
-def _sample(name: str, line: str) -> _Sample:
+def _sample(name: str, line: str, read_labels: bool = True) -> _Sample:
     rest_at = len(name)
-    labels: dict[str, str] = {}
+    labels = _NO_LABELS
     if line[rest_at : rest_at + 1] == "{":
         close = line.rfind("}")
         if close < rest_at:
             raise MetricsParseError(f"unterminated label set in {line[:80]!r}")
-        labels = {k: _unescape(v) for k, v in _LABEL.findall(line[rest_at + 1 : close])}
+        if read_labels:
+            labels = {k: _unescape(v) for k, v in _LABEL.findall(line[rest_at + 1 : close])}
         rest_at = close + 1
     rest = line[rest_at:].split()
     if not rest:
@@ -87,10 +92,12 @@ def _sample(name: str, line: str) -> _Sample:
         raise MetricsParseError(f"{name} has value {rest[0]!r}, not a number") from None
 
 
-def _find(text: str, spec: MetricSpec) -> list[_Sample]:
-    """The samples of `spec`'s family that its label matchers select."""
-    samples = _scan(text, spec.name)
-    return [x for x in samples if spec.matches(x.labels)] if spec.labels else samples
+def _find(text: str, spec: MetricSpec, *, info: bool = False) -> list[_Sample]:
+    """The samples of `spec`'s family that its label matchers select. Their labels are read only
+    for the matchers, or for an `info` metric (whose labels are what it says)."""
+    if not spec.labels:
+        return _scan(text, spec.name, labels=info)
+    return [x for x in _scan(text, spec.name) if spec.matches(x.labels)]
 
 
 def parse_metrics(text: str, names: EngineMetricNames, *, update_time: float | None = None) -> Metrics:
@@ -117,13 +124,13 @@ def parse_metrics(text: str, names: EngineMetricNames, *, update_time: float | N
     active: frozenset[str] = frozenset()
     waiting_models: frozenset[str] = frozenset()
     max_models = 0
-    if names.lora_info is not None and (lora := _find(text, names.lora_info)):
+    if names.lora_info is not None and (lora := _find(text, names.lora_info, info=True)):
         latest = max(lora, key=lambda s: s.value)
         active = _adapters(latest.labels.get("running_lora_adapters", ""))
         waiting_models = _adapters(latest.labels.get("waiting_lora_adapters", ""))
         max_models = _int_label(latest.labels, "max_lora", names.lora_info.name)
     block_size = num_blocks = 0
-    if names.cache_info is not None and (info := _find(text, names.cache_info)):
+    if names.cache_info is not None and (info := _find(text, names.cache_info, info=True)):
         block_size = _int_label(info[0].labels, names.cache_block_size_label, names.cache_info.name)
         num_blocks = _int_label(info[0].labels, names.cache_num_blocks_label, names.cache_info.name)
     if names.cache_block_size is not None and (size := _find(text, names.cache_block_size)):
