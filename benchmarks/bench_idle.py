@@ -4,9 +4,9 @@ servers spend answering, per scrape and per second.
 1. **One scrape, both sides.** A page server in its own process exposes a vLLM-sized registry through
    prometheus_client, as vLLM does (40 families, most of them labelled histograms: about 80 kB), and
    honours `?name[]=` as prometheus_client's exposition does. An in-process scraper pool (on
-   uvloop, as `epick serve` runs) polls N endpoints on it every 50 ms, first asking for the whole page (upstream's EPP's way), then for the
-   samples its extractor reads (epick's). Router CPU per scrape and server CPU per scrape, with the
-   ratio of epick's way to the whole page's.
+   uvloop, as `epick serve` runs) polls N endpoints on it every 50 ms, first asking for the whole
+   page (upstream's EPP's way), then for the samples its extractor reads (epick's). Router CPU per
+   scrape and server CPU per scrape, with the ratio of epick's way to the whole page's.
 2. **`epick serve --workers 1` and `--workers 2`** against 8 simulated servers (`epick sim-server`),
    idle: the CPU of the router's processes and of the simulators per second of wall time, two
    workers' against one's; then the same with quiet scraping (`--idle-scrape-interval 1s`).
