@@ -456,6 +456,16 @@ async def test_a_server_refusing_the_filter_is_asked_for_the_whole_page_from_the
 # --- quiet scraping (idle_interval with Traffic)
 
 
+async def one_endpoint(make_app: MakeApp, page: str) -> tuple[MetricsApp, Datastore, EndpointSpec]:
+    """A /metrics server answering `page`, and a datastore holding it as endpoint "a"."""
+    metrics = MetricsApp(page)
+    server = await make_app(metrics.app())
+    ds = Datastore()
+    spec = spec_for(server.host_port, "a")
+    ds.upsert(spec)
+    return metrics, ds, spec
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.now = 100.0
@@ -467,11 +477,7 @@ class FakeClock:
 async def test_a_quiet_endpoint_is_not_scraped_until_traffic_or_the_idle_interval(
     make_app: MakeApp, make_scraper: MakeScraper
 ) -> None:
-    metrics = MetricsApp(vllm_page(waiting=0, running=0, kv=0.0))
-    server = await make_app(metrics.app())
-    ds = Datastore()
-    spec = spec_for(server.host_port, "a")
-    ds.upsert(spec)
+    metrics, ds, spec = await one_endpoint(make_app, vllm_page(waiting=0, running=0, kv=0.0))
     clock = FakeClock()
     traffic = Traffic(clock)
     scraper = make_scraper(spec, ds, idle_interval=1.0, traffic=traffic)
@@ -505,11 +511,8 @@ async def test_a_quiet_endpoint_is_not_scraped_until_traffic_or_the_idle_interva
 async def test_a_busy_or_failing_endpoint_is_scraped_every_tick(
     make_app: MakeApp, make_scraper: MakeScraper
 ) -> None:
-    metrics = MetricsApp(vllm_page(waiting=0, running=1, kv=0.2))  # running a request from elsewhere
-    server = await make_app(metrics.app())
-    ds = Datastore()
-    spec = spec_for(server.host_port, "a")
-    ds.upsert(spec)
+    # Running a request from elsewhere.
+    metrics, ds, spec = await one_endpoint(make_app, vllm_page(waiting=0, running=1, kv=0.2))
     traffic = Traffic(FakeClock())
     scraper = make_scraper(spec, ds, idle_interval=1.0, traffic=traffic)
     for _ in range(3):
@@ -531,11 +534,7 @@ async def test_a_busy_or_failing_endpoint_is_scraped_every_tick(
 async def test_without_an_idle_interval_every_tick_scrapes(
     make_app: MakeApp, make_scraper: MakeScraper
 ) -> None:
-    metrics = MetricsApp(vllm_page(waiting=0, running=0))
-    server = await make_app(metrics.app())
-    ds = Datastore()
-    spec = spec_for(server.host_port, "a")
-    ds.upsert(spec)
+    metrics, ds, spec = await one_endpoint(make_app, vllm_page(waiting=0, running=0))
     scraper = make_scraper(spec, ds, traffic=Traffic(FakeClock()))  # upstream's default: no idle interval
     for _ in range(3):
         await scraper.tick()
@@ -562,11 +561,7 @@ def test_traffic_counts_each_endpoints_requests() -> None:
 async def test_under_workers_only_the_first_rescrapes_an_idle_endpoint(
     make_app: MakeApp, make_scraper: MakeScraper
 ) -> None:
-    metrics = MetricsApp(vllm_page(waiting=0, running=0))
-    server = await make_app(metrics.app())
-    ds = Datastore()
-    spec = spec_for(server.host_port, "a")
-    ds.upsert(spec)
+    metrics, ds, spec = await one_endpoint(make_app, vllm_page(waiting=0, running=0))
     clock = FakeClock()
     first = make_scraper(spec, ds, idle_interval=1.0, traffic=Traffic(clock), share=(0, 2))
     second_traffic = Traffic(clock)
