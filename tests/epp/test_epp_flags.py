@@ -130,3 +130,11 @@ def test_upstreams_ha_flags_name_and_time_the_lease() -> None:
         settings(
             "--pool-name=p", "--ha-enable-leader-election", "--ha-renew-deadline=2.2s", "--ha-retry-period=2s"
         ).check()
+
+
+def test_workers_and_quiet_scraping_are_epicks_own_flags() -> None:
+    default = settings("--pool-name=p")
+    assert default.workers == 1  # one worker unless asked (docs/performance.md, "Workers")
+    assert default.idle_scrape_interval == 0.0  # upstream's scraping every interval
+    assert settings("--pool-name=p", "--workers=3").workers == 3
+    assert settings("--pool-name=p", "--idle-scrape-interval=1s").idle_scrape_interval == 1.0
