@@ -138,3 +138,19 @@ def test_workers_and_quiet_scraping_are_epicks_own_flags() -> None:
     assert default.idle_scrape_interval == 0.0  # upstream's scraping every interval
     assert settings("--pool-name=p", "--workers=3").workers == 3
     assert settings("--pool-name=p", "--idle-scrape-interval=1s").idle_scrape_interval == 1.0
+
+
+def test_help_prints_defaults_as_pflag_does() -> None:
+    from epick.cli.epp import usage
+    from epick.cli.epp_flags import go_duration
+
+    text = usage()
+    assert "(default False)" not in text and "(default 0)" not in text and "(default '')" not in text
+    lines = {line.split()[0]: line for line in text.splitlines()[1:]}
+    assert lines["--refresh-metrics-interval"].endswith("(default 50ms)")
+    assert lines["--secure-serving"].endswith("(default true)")
+    assert lines["--pool-group"].endswith('(default "inference.networking.k8s.io")')
+    assert not lines["--ha-enable-leader-election"].endswith(")")  # false: no default printed
+    assert [go_duration(s) for s in (0, 0.05, 0.0015, 15, 300, 3661.5)] == [
+        "0s", "50ms", "1.5ms", "15s", "5m0s", "1h1m1.5s",
+    ]  # fmt: skip

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from pydantic_core import PydanticCustomError
 
-from epick.cli.epp_flags import DEPRECATED_METRIC_FLAGS, FLAGS
+from epick.cli.epp_flags import DEPRECATED_METRIC_FLAGS, FLAGS, usage_default
 from epick.cli.goflags import FlagError, GoFlags, HelpRequested, parse_go_flags
 from epick.config import ConfigError
 from epick.config.schema import check_feature_gate
@@ -102,7 +102,7 @@ def usage() -> str:
     for spec in FLAGS:
         shorthand = f"-{spec.shorthand}, " if spec.shorthand else "    "
         kind = "" if spec.kind == "bool" else f" {spec.kind}"
-        lines.append(f"  {shorthand}--{spec.name}{kind}\t{spec.usage} (default {spec.default!r})")
+        lines.append(f"  {shorthand}--{spec.name}{kind}\t{spec.usage}{usage_default(spec)}")
     return "\n".join(lines)
 
 

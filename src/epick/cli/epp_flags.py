@@ -287,6 +287,44 @@ HOW: dict[str, str] = {
 }
 
 
+def go_duration(seconds: float) -> str:
+    """`seconds` as Go's time.Duration prints itself: 50ms, 15s, 5m0s, 1h0m0s."""
+    if seconds == 0:
+        return "0s"
+    sign, seconds = ("-", -seconds) if seconds < 0 else ("", seconds)
+    if seconds < 1:
+        for unit, scale in (("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9)):
+            if seconds >= scale:
+                return f"{sign}{seconds / scale:.9g}{unit}"
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    text = f"{secs:.9g}s"
+    if hours or minutes:
+        text = f"{int(minutes)}m{text}"
+    if hours:
+        text = f"{int(hours)}h{text}"
+    return sign + text
+
+
+def usage_default(spec: FlagSpec) -> str:
+    """What `epp --help` prints after a flag's usage, as pflag does: nothing for a zero value (false,
+    0, "", an empty list), else " (default …)" with strings quoted and durations in Go's form."""
+    default = spec.default
+    if default in (False, 0, "", ()) and not (spec.kind == "bool" and default is True):
+        return ""
+    if isinstance(default, bool):
+        shown = "true"
+    elif spec.kind == "duration" and isinstance(default, int | float):
+        shown = go_duration(float(default))
+    elif isinstance(default, tuple):
+        shown = "[" + ",".join(map(str, default)) + "]"
+    elif isinstance(default, str):
+        shown = f'"{default}"'
+    else:
+        shown = str(default)
+    return f" (default {shown})"
+
+
 def flags_table() -> str:
     """docs/deploy.md's table of every flag: name, upstream's default, what epp does with it."""
     rows = ["| flag | default | epick |", "|---|---|---|"]
