@@ -169,3 +169,21 @@ def test_listeners() -> None:
         ("bb", None),
     ]
     assert also == ["a", "a", "a", "bb", "bb"]
+
+
+def test_a_refresh_keeps_metrics_fresh_without_blocking_an_earlier_scrape_from_elsewhere() -> None:
+    """Quiet scraping restamps an idle endpoint's metrics (`refresh_metrics`); another worker's scrape
+    that began before the restamp but after the last real scrape still replaces them."""
+    ds = Datastore()
+    ds.upsert(spec("a"))
+    ds.update_metrics("a", Metrics(update_time=100.0))  # scraped idle here at 100
+    ds.refresh_metrics("a", 100.2)  # quiet ticks since
+    assert ds.get("a").metrics.update_time == 100.2  # type: ignore[union-attr]
+    assert ds.scraped_at("a") == 100.0  # still the scrape's
+    busy = Metrics(waiting_queue_size=3, running_requests_size=2, update_time=100.1)
+    assert ds.offer_metrics("a", busy)  # begun at 100.1 by another worker: newer than the last scrape
+    assert ds.get("a").metrics.running_requests_size == 2  # type: ignore[union-attr]
+    assert ds.scraped_at("a") == 100.1
+    assert not ds.offer_metrics("a", Metrics(update_time=100.05))  # older than what is held: dropped
+    ds.remove("a")
+    assert ds.scraped_at("a") is None

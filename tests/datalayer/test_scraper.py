@@ -480,7 +480,9 @@ async def test_a_quiet_endpoint_is_not_scraped_until_traffic_or_the_idle_interva
     metrics, ds, spec = await one_endpoint(make_app, vllm_page(waiting=0, running=0, kv=0.0))
     clock = FakeClock()
     traffic = Traffic(clock)
-    scraper = make_scraper(spec, ds, idle_interval=1.0, traffic=traffic)
+    scraper = make_scraper(
+        spec, ds, interval=0.01, idle_interval=1.0, traffic=traffic, wall_clock=traffic.clock
+    )
 
     published: list[str] = []
     ds.on_metrics = lambda name, _: published.append(name)  # what goes to the other workers
@@ -507,6 +509,19 @@ async def test_a_quiet_endpoint_is_not_scraped_until_traffic_or_the_idle_interva
     await scraper.tick()
     assert metrics.hits == 3
 
+    # A request sent just before a scrape (within an interval) may not have reached the engine when
+    # it was read: the tick after scrapes once more.
+    traffic.sent("a")
+    clock.now += 0.005
+    await scraper.tick()
+    traffic.done("a")
+    clock.now += 0.007
+    await scraper.tick()
+    assert metrics.hits == 5
+    clock.now += 0.05
+    await scraper.tick()
+    assert metrics.hits == 5  # quiet again
+
 
 async def test_a_busy_or_failing_endpoint_is_scraped_every_tick(
     make_app: MakeApp, make_scraper: MakeScraper
@@ -514,7 +529,7 @@ async def test_a_busy_or_failing_endpoint_is_scraped_every_tick(
     # Running a request from elsewhere.
     metrics, ds, spec = await one_endpoint(make_app, vllm_page(waiting=0, running=1, kv=0.2))
     traffic = Traffic(FakeClock())
-    scraper = make_scraper(spec, ds, idle_interval=1.0, traffic=traffic)
+    scraper = make_scraper(spec, ds, idle_interval=1.0, traffic=traffic, wall_clock=traffic.clock)
     for _ in range(3):
         await scraper.tick()
     assert metrics.hits == 3 and scraper.skipped == 0
@@ -563,9 +578,9 @@ async def test_under_workers_only_the_first_rescrapes_an_idle_endpoint(
 ) -> None:
     metrics, ds, spec = await one_endpoint(make_app, vllm_page(waiting=0, running=0))
     clock = FakeClock()
-    first = make_scraper(spec, ds, idle_interval=1.0, traffic=Traffic(clock), share=(0, 2))
+    first = make_scraper(spec, ds, idle_interval=1.0, traffic=Traffic(clock), share=(0, 2), wall_clock=clock)
     second_traffic = Traffic(clock)
-    second = make_scraper(spec, ds, idle_interval=1.0, traffic=second_traffic, share=(1, 2))
+    second = make_scraper(spec, ds, idle_interval=1.0, traffic=second_traffic, share=(1, 2), wall_clock=clock)
     await first.tick()
     await second.tick()
     assert metrics.hits == 2  # each one's first tick scrapes
@@ -574,5 +589,13 @@ async def test_under_workers_only_the_first_rescrapes_an_idle_endpoint(
     await second.tick()
     assert metrics.hits == 3 and second.skipped == 1  # the fleet is refreshed once, by the first
     second_traffic.sent("a")
+    clock.now += 0.1
     await second.tick()
     assert metrics.hits == 4  # its own traffic: the second scrapes
+    second_traffic.done("a")
+    clock.now += 1.5
+    await second.tick()
+    assert metrics.hits == 4  # quiet: the first refreshes an idle fleet
+    clock.now += 1.0  # no worker has scraped it for two idle intervals: the first is gone or slow
+    await second.tick()
+    assert metrics.hits == 5

@@ -212,6 +212,27 @@ async def test_quiet_scraping_hears_of_each_request_and_spares_an_idle_server(
     await wait_until(lambda: scraper.scrapes > scrapes)  # sent to since the last scrape: scraped
 
 
+async def test_quiet_scraping_hears_of_the_endpoint_a_retry_went_to(
+    make_fake: Any, make_service: MakeService, http: aiohttp.ClientSession
+) -> None:
+    """A request whose first target fails goes to the next: the data layer hears of both, so the one
+    serving it is not taken for idle while it streams."""
+    bad = await make_fake("unavailable")
+    good = await make_fake("gated")
+    service = await make_service([bad.name, good.name], steering_config(2), idle_scrape_interval=30.0)
+    assert service.traffic is not None
+    payload = {"model": MODEL, "prompt": "hi", "stream": True}
+    async with http.post(proxy_url(service) + "/v1/completions", json=payload, headers=to(bad.name)) as r:
+        assert r.status == 200 and r.headers[ENDPOINT_HEADER] == good.name
+        await r.content.readline()  # the gated server has sent its first chunk and waits
+        assert len(bad.requests) == 1
+        assert service.traffic.in_flight(good.name) == 1  # being served there
+        assert service.traffic.in_flight(bad.name) == 1  # tried first; the request is not over
+        good.gate.set()
+        await r.read()
+    assert service.traffic.in_flight(good.name) == service.traffic.in_flight(bad.name) == 0
+
+
 async def test_models_is_the_union_of_the_servers_models(
     make_sim: MakeSim, make_service: MakeService, make_client: MakeClient, http: aiohttp.ClientSession
 ) -> None:

@@ -419,6 +419,39 @@ async def test_relay_a_silence_longer_than_the_read_timeout_is_a_timeout() -> No
     await pool.close()
 
 
+async def test_relay_a_silence_is_counted_from_the_last_chunk() -> None:
+    sent_last = asyncio.get_running_loop().create_future()
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.write(b"4\r\nlast\r\n")  # early in the first wait; then nothing
+        await writer.drain()
+        await reader.read()
+
+    pool = Upstreams(Timeouts(read=1.0))
+    async with server(script) as (port, _):
+        r = await pool.request("127.0.0.1", port, "/", headers=[], body=b"")
+        loop = asyncio.get_running_loop()
+
+        def sink(chunk: bytes) -> bool:
+            sent_last.set_result(loop.time())
+            return True
+
+        async def drained() -> None:
+            pass
+
+        with pytest.raises(TimeoutError):
+            await r.relay(sink, drained)
+        silence = loop.time() - sent_last.result()
+        # 1 s after the last chunk, not a whole read timeout after the wait it came in (1.9 s).
+        assert 0.95 <= silence < 1.5, silence
+        r.release()
+    await pool.close()
+
+
 async def test_relay_a_body_cut_short_is_an_error() -> None:
     async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await read_request(reader)

@@ -43,6 +43,9 @@ class Datastore:
         self._version = 0  # of the last snapshot built
         self._listeners: list[Listener] = []
         self._unhealthy: set[str] = set()
+        # The `update_time` of each endpoint's last scraped metrics, this process's or another
+        # worker's: `refresh_metrics` moves the metrics' own stamp, never this one.
+        self._scraped_at: dict[str, float] = {}
         # Told of every scrape's metrics as they land (`epick serve --workers` shares them).
         self.on_metrics: Callable[[str, Metrics], None] | None = None
 
@@ -76,6 +79,7 @@ class Datastore:
         if self._specs.pop(name, None) is None:
             return
         del self._endpoints[name]
+        self._scraped_at.pop(name, None)
         self._unhealthy.discard(name)
         self._ejected.pop(name, None)
         self._snapshot = None
@@ -95,22 +99,39 @@ class Datastore:
         if current is None:
             return  # removed while its scrape was in flight
         self._endpoints[name] = current.with_metrics(metrics)
+        if metrics.update_time is not None:
+            self._scraped_at[name] = metrics.update_time
         self._snapshot = None
         if self.on_metrics is not None:
             self.on_metrics(name, metrics)
 
     def offer_metrics(self, name: str, metrics: Metrics) -> bool:
-        """Metrics scraped elsewhere (another worker): taken when newer than the endpoint's own
-        (`update_time`), else dropped. Whether they were taken."""
+        """Metrics scraped elsewhere (another worker): taken when scraped after the endpoint's own
+        (`update_time`, as scraped: a `refresh_metrics` does not count), else dropped. Whether they
+        were taken."""
         current = self._endpoints.get(name)
         if current is None or metrics.update_time is None:
             return False
-        own = current.metrics.update_time
+        own = self._scraped_at.get(name)
         if own is not None and own >= metrics.update_time:
             return False
         self._endpoints[name] = current.with_metrics(metrics)
+        self._scraped_at[name] = metrics.update_time
         self._snapshot = None
         return True
+
+    def refresh_metrics(self, name: str, at: float) -> None:
+        """The endpoint's metrics, unchanged, count as read at `at` (quiet scraping): they do not go
+        stale, but a scrape made before `at` elsewhere still replaces them (`offer_metrics`)."""
+        current = self._endpoints.get(name)
+        if current is None or current.metrics.update_time is None:
+            return
+        self._endpoints[name] = current.with_metrics(current.metrics._replace(update_time=at))
+        self._snapshot = None
+
+    def scraped_at(self, name: str) -> float | None:
+        """When the endpoint's last scraped metrics were read (`time.time()`), here or elsewhere."""
+        return self._scraped_at.get(name)
 
     def update_attributes(self, name: str, attributes: Mapping[str, object]) -> None:
         """Merge `attributes` (data key -> value; None removes the key) into the endpoint's."""

@@ -189,8 +189,9 @@ class MetricsClient:
         self._request = b""
         self.path = path
         self._conn: _Answer | None = None
-        # The loop of the first GET, looked up once: asyncio.get_running_loop is a getpid system call
-        # on Python 3.11 (a scrape's share of it is measurable at thousands of scrapes a second).
+        # The loop of the connection's first GET, looked up once per connection:
+        # asyncio.get_running_loop is a getpid system call on Python 3.11 (measurable at thousands of
+        # scrapes a second).
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -209,7 +210,7 @@ class MetricsClient:
     async def get(self) -> tuple[int, str]:
         """(status, body text). Raises OSError, TimeoutError or HTTPError."""
         loop = self._loop
-        if loop is None or loop.is_closed():
+        if loop is None or self._conn is None or loop.is_closed():  # again with each new connection
             loop = self._loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         try:

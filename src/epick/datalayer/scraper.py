@@ -37,7 +37,7 @@ endpoint receives from elsewhere (another router that shares no state, clients t
 router) goes unseen for up to `idle_interval`. Under `--workers` a worker judges by its own traffic:
 when another worker's turn finds the endpoint quiet while this one has sent to it, this worker's next
 turn scrapes it; the idle fleet's scrape every `idle_interval` is the first worker's alone, its
-outcome shared as any scrape's.
+outcome shared as any scrape's, and another worker scrapes when none has for twice that.
 """
 
 from __future__ import annotations
@@ -151,10 +151,13 @@ class Scraper:
         errors: ScrapeErrors | None = None,
         idle_interval: float = 0.0,
         traffic: Traffic | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         """`share` = (k, n): scrape in the k-th of every n intervals (the workers' turns);
         `on_failure` hears the endpoint's name after each failed scrape of its core metrics;
-        `idle_interval` > 0 with `traffic`: quiet scraping (the module's docstring)."""
+        `idle_interval` > 0 with `traffic`: quiet scraping (the module's docstring); `wall_clock`
+        stamps the metrics (`update_time`)."""
+        self.wall_clock = wall_clock
         self.spec = spec
         self.datastore = datastore
         self.polled = polled
@@ -236,13 +239,19 @@ class Scraper:
         traffic = self.traffic
         if self.idle_interval <= 0 or traffic is None or self.consecutive_failures or self.last_error:
             return False
-        last = self._last_scrape
-        # Under --workers one worker (the first) scrapes an idle fleet every idle interval for all;
-        # the others keep quiet until their own traffic or the shared metrics say otherwise.
-        refresher = self.share is None or self.share[0] == 0
-        if refresher and traffic.clock() - last >= self.idle_interval:
+        scraped = self.datastore.scraped_at(self.spec.name)
+        if scraped is None:
             return False
-        if not traffic.quiet_since(self.spec.name, last):
+        # Under --workers one worker (the first) scrapes an idle fleet every idle interval for all;
+        # the others keep quiet until their own traffic or the shared metrics say otherwise, or
+        # until no worker has scraped it for two idle intervals (the first one is gone, or slow).
+        refresher = self.share is None or self.share[0] == 0
+        bound = self.idle_interval if refresher else 2 * self.idle_interval
+        if self.wall_clock() - scraped >= bound:
+            return False
+        # A request sent just before the last scrape began may not have reached the engine when it
+        # was read (ext_proc can report one done as soon as it is routed): one interval of margin.
+        if not traffic.quiet_since(self.spec.name, self._last_scrape - self.interval):
             return False
         endpoint = self.datastore.get(self.spec.name)
         metrics = endpoint.metrics if endpoint is not None else None
@@ -254,13 +263,12 @@ class Scraper:
         )
 
     def _skip(self) -> None:
-        """A quiet tick: the endpoint's metrics, unchanged, count as read now (they do not go stale).
-        Only here: under --workers each worker's own quiet turns keep its copy fresh, and nothing
-        travels between them while the fleet is idle."""
+        """A quiet tick: the endpoint's metrics, unchanged, count as read now (they do not go stale),
+        while another worker's scrape made since the last real one still replaces them. Only here:
+        under --workers each worker's own quiet turns keep its copy fresh, and nothing travels
+        between them while the fleet is idle."""
         self.skipped += 1
-        endpoint = self.datastore.get(self.spec.name)
-        if endpoint is not None and endpoint.metrics.update_time is not None:
-            self.datastore.offer_metrics(self.spec.name, endpoint.metrics._replace(update_time=time.time()))
+        self.datastore.refresh_metrics(self.spec.name, self.wall_clock())
 
     async def tick(self) -> None:
         """What a tick does: scrape, or skip a quiet endpoint."""
@@ -272,7 +280,7 @@ class Scraper:
         await self.scrape_once()
 
     async def scrape_once(self) -> None:
-        started = time.time()
+        started = self.wall_clock()
         try:
             if self.setup_error is not None or self.client is None:
                 raise ExtractError(self.setup_error or "no client")

@@ -306,8 +306,10 @@ class Proxy:
         prefill = d.prefill
         if prefill is not None:
             headers[PREFILL_HEADER] = prefill.host_port
+            d.dispatching(prefill)
         headers.update(d.result.forwarded_headers)
         response = Response(d.request.request_id, streaming=d.request.body.stream)
+        d.dispatching(endpoint)
         first_byte = self.options.first_byte_timeout
         try:
             with self._first_byte_deadlines.scope():

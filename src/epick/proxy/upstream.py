@@ -124,7 +124,14 @@ class _Connection(asyncio.Protocol):
         sink = self.sink
         if sink is not None:
             self.last_body = self.loop.time()
-            if not sink(body) and not self.paused and self.transport is not None:
+            try:
+                keeping_up = sink(body)
+            except Exception as e:  # the relay's own failure, not the server's: not an UpstreamError
+                self.sink = None
+                self._fail(e)
+                self.close()
+                return
+            if not keeping_up and not self.paused and self.transport is not None:
                 self.paused = True  # until the relay has drained the sink's reader
                 self.transport.pause_reading()
                 self._wake()
@@ -255,11 +262,13 @@ class UpstreamResponse:
                     raise conn.lost
                 conn.waiter = conn.loop.create_future()
                 try:
-                    with silence.scope():
+                    # One timer per wait, not per chunk: the chunks go to the sink, the wait lasts
+                    # until the body ends (or the sink is full). The silence counts from the last piece.
+                    async with asyncio.timeout_at(conn.last_body + silence.seconds):
                         await conn.waiter
                 except TimeoutError:
                     if conn.loop.time() - conn.last_body < silence.seconds:
-                        continue  # the body kept coming: the silence counts from its last piece
+                        continue  # pieces came meanwhile: wait out the silence since the last one
                     raise
                 finally:
                     conn.waiter = None

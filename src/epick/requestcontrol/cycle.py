@@ -98,7 +98,7 @@ class RequestCycle:
         self.client_model = client_model or request.target_model  # before any rewrite
         self.usage = usage  # reads the response's usage (None: the response is not read for it)
         self.result = _NOT_DECIDED
-        self._sent_to = ""  # the primary target, as told to the director's traffic
+        self._sent_to: list[str] = []  # the endpoints it went to, as told to the director's traffic
         self.cycle_state: CycleState | None = None
         # Flow control may evict it while in flight (enableEviction): how the front end hears of it.
         self.eviction: EvictionSignal | None = None
@@ -175,14 +175,23 @@ class RequestCycle:
             tracing.inject(span, result.hook_headers)  # the model server's request carries the trace
         if not self._counted and result.targets:
             self._counted = True
-            if self.director.traffic is not None:
-                self._sent_to = result.targets[0].name
-                self.director.traffic.sent(self._sent_to)
+            self.dispatching(result.targets[0])
+            if result.prefill is not None:
+                self.dispatching(result.prefill)
             observer = self.director.observer
             observer.request(self.labels, self.request.size)
             observer.running(self.labels, 1)
             observer.request_phase(self.director.clock() - self.started)
         return result
+
+    def dispatching(self, endpoint: Endpoint) -> None:
+        """The request goes to `endpoint` (its primary target, its prefill endpoint, or another target
+        the proxy tries after a failure): the director's traffic hears of it once, and of its end
+        when the request completes."""
+        traffic = self.director.traffic
+        if traffic is not None and endpoint.name not in self._sent_to:
+            self._sent_to.append(endpoint.name)
+            traffic.sent(endpoint.name)
 
     def _refused(self, error: RequestError) -> None:
         tracing, span = self.director.tracing, self._span
@@ -351,8 +360,9 @@ class RequestCycle:
         for hook in director.config.hooks.response_complete:
             safely(hook.response_complete, self.request, response, endpoint)
         if self._counted:
-            if self._sent_to and director.traffic is not None:
-                director.traffic.done(self._sent_to)
+            if director.traffic is not None:
+                for name in self._sent_to:
+                    director.traffic.done(name)
             now = director.clock()
             observer = director.observer
             observer.running(self.labels, -1)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from epick.framework import Metrics
 from epick.plugins.datalayer.engines import EngineMetricNames, MetricSpec
@@ -29,7 +31,7 @@ class MissingMetricsError(MetricsParseError):
 
 @dataclass(frozen=True, slots=True)
 class _Sample:
-    labels: dict[str, str]
+    labels: Mapping[str, str]
     value: float
 
 
@@ -43,7 +45,7 @@ def _unescape(value: str) -> str:
     return _ESCAPE.sub(lambda m: "\n" if m[1] == "n" else m[1], value)
 
 
-_NO_LABELS: dict[str, str] = {}  # shared by samples whose labels are not read; never written to
+_NO_LABELS: Mapping[str, str] = MappingProxyType({})  # samples whose labels are not read: read-only
 
 
 def _scan(text: str, name: str, *, labels: bool = True) -> list[_Sample]:
@@ -75,7 +77,7 @@ def _scan(text: str, name: str, *, labels: bool = True) -> list[_Sample]:
 
 def _sample(name: str, line: str, read_labels: bool = True) -> _Sample:
     rest_at = len(name)
-    labels = _NO_LABELS
+    labels: Mapping[str, str] = _NO_LABELS
     if line[rest_at : rest_at + 1] == "{":
         close = line.rfind("}")
         if close < rest_at:
@@ -180,7 +182,7 @@ def _adapters(value: str) -> frozenset[str]:
     return frozenset(a.strip() for a in value.split(",") if a.strip())
 
 
-def _int_label(labels: dict[str, str], key: str, metric: str) -> int:
+def _int_label(labels: Mapping[str, str], key: str, metric: str) -> int:
     raw = labels.get(key, "")
     if not raw or raw == "None":
         return 0
@@ -190,6 +192,6 @@ def _int_label(labels: dict[str, str], key: str, metric: str) -> int:
         raise MetricsParseError(f"{metric}: label {key}={raw!r} is not a number") from None
 
 
-def samples_of(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+def samples_of(text: str, name: str) -> list[tuple[Mapping[str, str], float]]:
     """Every sample of family `name`: (labels, value). Raises `MetricsParseError` on a bad line."""
     return [(s.labels, s.value) for s in _scan(text, name)]
