@@ -2,8 +2,9 @@
 
 The data layer's quiet scraping (`--idle-scrape-interval`, epick.datalayer.scraper) reads it: an
 endpoint that this router has sent nothing since its last scrape, and that was idle then, has no new
-state to report from this router's traffic. The request path reports each request's primary target
-when it is dispatched (`sent`) and when its response ends (`done`).
+state to report from this router's traffic. The request path reports each endpoint a request goes
+to (its primary target and prefill endpoint; with the proxy, every target it tries) when it is
+dispatched (`sent`) and when the request ends (`done`).
 """
 
 from __future__ import annotations

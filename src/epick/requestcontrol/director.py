@@ -143,7 +143,7 @@ class Director:
         # Called before every scheduling: `epick serve --workers` applies the other workers'
         # updates already received, so a decision sees every decision that reached this process.
         self.before_schedule: Callable[[], None] | None = None
-        # Told each request's primary target as it is dispatched and as it ends (the data layer's
+        # Told each endpoint a request goes to as it is dispatched and as it ends (the data layer's
         # quiet scraping reads it); None: not tracked.
         self.traffic: Traffic | None = None
 
