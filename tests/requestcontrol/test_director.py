@@ -6,13 +6,15 @@ import json
 import logging
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from epick.config import LoadedConfig, load_config_text, load_default_config
+from epick.config import LoadedConfig, load_config_file, load_config_text, load_default_config
 from epick.datalayer.datastore import Datastore, EndpointSpec
 from epick.datalayer.rewrites import ModelRewrites, parse_rewrite
+from epick.datalayer.traffic import Traffic
 from epick.framework import (
     CycleState,
     Endpoint,
@@ -486,3 +488,28 @@ def test_the_shared_state_is_brought_up_to_date_before_every_scheduling() -> Non
     assert calls == [0]
     decision.reschedule(frozenset({decision.targets[0].name}))
     assert calls == [0, 1]
+
+
+def test_the_traffic_hears_of_every_endpoint_a_request_goes_to() -> None:
+    """Quiet scraping's bookkeeping: the decode target and the prefill endpoint as decided, another
+    target the proxy tries after a failure (once, however often it is told), all released at the end."""
+    ds = Datastore()
+    for i, role in enumerate(("prefill", "decode", "decode")):
+        ds.upsert(EndpointSpec(f"ep{i}", f"10.0.0.{i + 1}", 8000, {"llm-d.ai/role": role}))
+        ds.update_metrics(f"ep{i}", Metrics(update_time=time.time()))
+    pd = load_config_file(str(Path(__file__).parents[2] / "config" / "pd.yaml"))
+    d = director(ds, pd)
+    d.traffic = traffic = Traffic()
+    cycle = d.begin(json.dumps({"model": "m", "prompt": "p " * 600}).encode(), {}, "/v1/completions")
+    result = cycle.decide()
+    assert result.prefill is not None and result.prefill.name == "ep0"
+    target = result.targets[0].name
+    other = next(ep for ep in ds.snapshot() if ep.name not in ("ep0", target))
+    assert traffic.in_flight("ep0") == 1 and traffic.in_flight(target) == 1
+    assert traffic.in_flight(other.name) == 0
+    cycle.dispatching(other)  # the proxy moves on to it
+    cycle.dispatching(other)
+    assert traffic.in_flight(other.name) == 1
+    cycle.completed(Response(cycle.request.request_id, status=200), other)
+    cycle.completed(Response(cycle.request.request_id, status=200), other)  # a second report is ignored
+    assert [traffic.in_flight(n) for n in ("ep0", "ep1", "ep2")] == [0, 0, 0]
