@@ -212,6 +212,36 @@ def test_affinity_decisions_are_counted_by_outcome() -> None:
     assert explore.decisions == {"exploration": 1}
 
 
+def test_affinity_request_gate_adds_the_lightly_loaded_endpoints_within_the_penalty() -> None:
+    """maxInFlightRequestsDelta (llm-d-router after ebab687): the sticky A holds 10 requests, B one
+    and C two; B can serve within the TTFT penalty, C (400,000 tokens in flight: 25 s) cannot."""
+    eps = [make_endpoint("A"), make_endpoint("B"), make_endpoint("C")]
+    state = with_match(PrefixMatch(5, BLOCK * 4, {"A": 4}))  # A sticky; the prompt is 5 blocks of 64
+    busy = loaded({"A": 10, "B": 1, "C": 2}, tokens={"A": 1000, "C": 400_000})
+    f = affinity(busy, maxInFlightRequestsDelta=5)
+    # Request TTFTs: A 1000/15928 s + 64 lacking tokens = 66.8 ms; B 320 lacking = 20.1 ms (within
+    # 18000 of A); C 400,000 + 320 tokens = 25.1 s (not). 10 - 1 = 9 requests > 5: B joins A.
+    assert [ep.name for ep in f.filter(make_request(), state, eps)] == ["A", "B"]
+    assert f.decisions == {"request_load_override": 1}
+    calm = loaded({"A": 3, "B": 1}, tokens={"A": 1000})
+    g = affinity(calm, maxInFlightRequestsDelta=5)
+    assert [ep.name for ep in g.filter(make_request(), state, eps)] == ["A"]  # 3 - 1 = 2: stay
+    assert g.decisions == {"sticky": 1}
+    off = affinity(busy)  # 0: the gate is off, as by default
+    assert [ep.name for ep in off.filter(make_request(), state, eps)] == ["A"]
+
+
+def test_affinity_request_gate_reads_the_inflight_producer_whatever_the_ttft_source() -> None:
+    config = load(
+        "plugins:\n- type: prefix-cache-affinity-filter\n"
+        "  parameters: {ttftSource: latencyPredictor, maxInFlightRequestsDelta: 4}\n"
+    )
+    assert {"predicted-latency-producer", "inflight-load-producer"} <= set(config.plugins)
+    f = config.plugins["prefix-cache-affinity-filter"]
+    assert isinstance(f, PrefixCacheAffinityFilter)
+    assert f.inflight is config.plugins["inflight-load-producer"] and f.latency_key is not None
+
+
 def test_affinity_exploration_lets_everyone_through() -> None:
     eps = [make_endpoint("A"), make_endpoint("B")]
     state = with_match(PrefixMatch(5, BLOCK * 4, {"A": 5}))
@@ -227,6 +257,12 @@ def test_affinity_exploration_lets_everyone_through() -> None:
         ({"ttftSource": ""}, "ttftSource", "not empty"),
         ({"ttftSource": "other"}, "ttftSource", "is not allowed here"),
         ({"peakPrefillThroughput": 0}, "", "peakPrefillThroughput must be > 0"),
+        ({"maxInFlightRequestsDelta": -1}, "maxInFlightRequestsDelta", ""),
+        (
+            {"maxInFlightRequestsDelta": 2, "maxTTFTPenaltyMs": 0},
+            "",
+            "maxTTFTPenaltyMs must be > 0 when maxInFlightRequestsDelta is set",
+        ),
     ],
 )
 def test_affinity_bad_parameters(params: dict[str, object], path: str, message: str) -> None:

@@ -14,10 +14,21 @@ With `ttftSource: latencyPredictor` the TTFTs are the predictions of
 `latencyPredictionInfoProducerName` (default `predicted-latency-producer`, added when the config has
 none); a candidate without one never counts as the fastest.
 
+The in-flight request gate (`maxInFlightRequestsDelta` > 0, which needs `maxTTFTPenaltyMs` > 0; 0, off,
+by default; llm-d-router's affinity filter after ebab687, as its source reads in the PR that adds the
+gate and the `request_load_override` outcome): when the stickiness holds, the non-sticky candidates on
+which this request's estimated TTFT is within `maxTTFTPenaltyMs` of its best estimate on a sticky one
+are added to the sticky ones, if the least-loaded sticky candidate holds more than
+`maxInFlightRequestsDelta` requests in flight above the least-loaded of those added. The request's
+TTFT is the endpoint's TTFT plus, with `prefillThroughput`, the prompt tokens it lacks /
+`peakPrefillThroughput` × 1000; with `latencyPredictor`, the prediction. It reads the in-flight
+producer whatever `ttftSource` says. Candidates without the needed data are left out of it.
+
 Each decision is counted by outcome in llm_d_epp_prefix_cache_affinity_filter_decisions_total
 {plugin_name, outcome} (llm-d-router #2494): `not_applicable` (one candidate, or the filter off),
 `exploration`, `no_match` (none sticky), `missing_signal` (the load gate is on but the sticky or the
-other side has no TTFT estimate), `load_override` (the gate broke stickiness), `sticky`. On a
+other side has no TTFT estimate), `load_override` (the gate broke stickiness),
+`request_load_override` (the in-flight request gate added candidates), `sticky`. On a
 missing signal the candidates pass as at ebab687 (the sticky ones unless only they lack an
 estimate), where later upstream versions pass them all.
 """
@@ -34,6 +45,7 @@ from pydantic import Field, field_validator, model_validator
 from epick.framework import CycleState, Endpoint, InferenceRequest, NamedPlugin, Reads
 from epick.framework.datalayer import data_key
 from epick.framework.metrics import LLMD_SUBSYSTEM, MetricSample
+from epick.framework.request import CHARS_PER_TOKEN
 from epick.plugins.latency.predictions import LatencyPrediction, LatencyPredictions, read_predictions
 from epick.plugins.latency.producer import DATA_TYPE as LATENCY_DATA_TYPE
 from epick.plugins.latency.producer import TYPE as LATENCY_TYPE
@@ -54,6 +66,7 @@ class PrefixAffinityParameters(Parameters):
         default="prefillThroughput", alias="ttftSource"
     )
     peak_prefill_throughput: float = Field(default=15928.0, ge=0)
+    max_in_flight_requests_delta: int = Field(default=0, ge=0)
     prefix_match_info_producer_name: str = ""
     in_flight_load_producer_name: str = ""
     latency_prediction_info_producer_name: str = ""
@@ -73,6 +86,8 @@ class PrefixAffinityParameters(Parameters):
             and self.peak_prefill_throughput <= 0
         ):
             raise ValueError("peakPrefillThroughput must be > 0 when ttftSource is prefillThroughput")
+        if self.max_in_flight_requests_delta > 0 and self.max_ttft_penalty_ms == 0:
+            raise ValueError("maxTTFTPenaltyMs must be > 0 when maxInFlightRequestsDelta is set")
         return self
 
 
@@ -144,7 +159,41 @@ class PrefixCacheAffinityFilter(NamedPlugin):
                 return ("missing_signal" if missing else "load_override"), list(endpoints)
             if missing:
                 return "missing_signal", sticky
+        if p.max_in_flight_requests_delta > 0 and others and self.inflight is not None:
+            predictions = read_predictions(cycle_state, self.latency_key) if self.latency_key else None
+            added = self._within_penalty(match, sticky, others, predictions)
+            if added:
+                least_sticky = min(self.inflight.load(ep.name).requests for ep in sticky)
+                least_added = min(self.inflight.load(ep.name).requests for ep in added)
+                if least_sticky - least_added > p.max_in_flight_requests_delta:
+                    return "request_load_override", sticky + added
         return "sticky", sticky
+
+    def _request_ttft_ms(
+        self, match: PrefixMatch, endpoint: Endpoint, predictions: Mapping[str, LatencyPrediction] | None
+    ) -> float:
+        """This request's estimated TTFT on `endpoint` (inf: unknown): the endpoint's, plus (from
+        throughput) the prompt tokens it lacks."""
+        base = self.ttft_ms(endpoint, predictions)
+        if self.latency_key is not None or math.isinf(base):
+            return base
+        lacking = (match.total_blocks - match.matched.get(endpoint.name, 0)) * match.block_bytes
+        return base + lacking // CHARS_PER_TOKEN / self.params.peak_prefill_throughput * 1000.0
+
+    def _within_penalty(
+        self,
+        match: PrefixMatch,
+        sticky: Sequence[Endpoint],
+        others: Sequence[Endpoint],
+        predictions: Mapping[str, LatencyPrediction] | None,
+    ) -> list[Endpoint]:
+        """The non-sticky candidates on which the request's TTFT is within the penalty of its best on
+        a sticky one (none when no sticky one has an estimate)."""
+        best = min(self._request_ttft_ms(match, ep, predictions) for ep in sticky)
+        if math.isinf(best):
+            return []
+        limit = self.params.max_ttft_penalty_ms
+        return [ep for ep in others if self._request_ttft_ms(match, ep, predictions) - best <= limit]
 
     # ExportsMetrics
     def metric_samples(self) -> Iterator[MetricSample]:
@@ -168,7 +217,9 @@ def _factory(name: str, params: PrefixAffinityParameters, handle: Handle) -> Pre
             handle, params.latency_prediction_info_producer_name, "latencyPredictionInfoProducerName"
         )
         latency = producer.name if producer is not None else LATENCY_TYPE
-    elif params.max_ttft_penalty_ms > 0:
+    if (params.max_ttft_penalty_ms > 0 and params.ttft_source == "prefillThroughput") or (
+        params.max_in_flight_requests_delta > 0
+    ):
         inflight = resolve_inflight(handle, params.in_flight_load_producer_name, "inFlightLoadProducerName")
     return PrefixCacheAffinityFilter(
         name,
@@ -183,7 +234,7 @@ def _factory(name: str, params: PrefixAffinityParameters, handle: Handle) -> Pre
 def _requires(params: PrefixAffinityParameters, api_version: str = "") -> tuple[str, ...]:
     needed = [] if params.prefix_match_info_producer_name else ["approx-prefix-cache-producer"]
     gated = params.max_ttft_penalty_ms > 0 and params.ttft_source == "prefillThroughput"
-    if gated and not params.in_flight_load_producer_name:
+    if (gated or params.max_in_flight_requests_delta > 0) and not params.in_flight_load_producer_name:
         needed.append(INFLIGHT_TYPE)
     predicted = params.max_ttft_penalty_ms > 0 and params.ttft_source == "latencyPredictor"
     if predicted and not params.latency_prediction_info_producer_name:
