@@ -36,6 +36,7 @@ from epick.framework import (
 )
 from epick.plugins import in_tree_plugins
 from epick.plugins.conformance.header_filter import HeaderBasedTestingFilter
+from epick.plugins.datalayer.models import ModelsDataExtractor
 from epick.plugins.filters.by_label import ByLabelFilter
 from epick.plugins.filters.classic import (
     DecisionTreeFilter,
@@ -51,6 +52,7 @@ from epick.plugins.filters.label_selector import (
 )
 from epick.plugins.filters.prefix_affinity import PrefixCacheAffinityFilter
 from epick.plugins.filters.role import DecodeFilter, EncodeFilter, PrefillFilter
+from epick.plugins.filters.served_model import ServedModelFilter, ServedModelParameters
 from epick.plugins.filters.topology_affinity import TopologyAffinityFilter
 from epick.plugins.filters.utilization import UtilizationDetector, UtilizationParameters
 from epick.plugins.filters.utilization_filter import UtilizationFilter, UtilizationFilterParameters
@@ -228,6 +230,8 @@ class _Handle:
             return ApproxPrefixCacheProducer(name)
         if name == "utilization-detector":  # what max-saturation-detector combines
             return UtilizationDetector(name)
+        if name == "models-data-extractor":  # whose lists served-model-filter reads
+            return ModelsDataExtractor(name)
         raise LookupError(name, "not in this test")  # as the loader's handle says so
 
     def rng(self, name: str) -> random.Random:
@@ -418,6 +422,8 @@ def some_filters(selector: LabelSelectorParameters, params: UtilizationParameter
         UtilizationDetector(params=params, clock=FakeClock()),
         SLOHeadroomTierFilter(rng=random.Random(0)),
         HeaderBasedTestingFilter(),
+        ServedModelFilter(),
+        ServedModelFilter(params=ServedModelParameters(on_missing="Fail", fallback_on_empty=True)),
     ]
 
 

@@ -258,6 +258,8 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
     ),
     _t("running-requests-size-scorer", "scorer", "scheduling/scorer/runningrequests", "beta"),
     _t("selective-kv-policy", "pre-request plugin", "requestcontrol/selectivekv", "alpha"),
+    # Not registered at 7435f357: the PR that adds it registers it Alpha (docs/plugins.md).
+    _t("served-model-filter", "filter", "scheduling/filter/servedmodel", "alpha"),
     _t("session-affinity-filter", "filter", "scheduling/filter/sessionaffinity", "alpha"),
     _t("session-affinity-scorer", "scorer", "scheduling/scorer/sessionaffinity", "alpha"),
     _t("session-id-producer", "data producer", "requestcontrol/dataproducer/sessionid", "beta"),

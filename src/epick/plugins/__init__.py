@@ -20,6 +20,7 @@ from epick.plugins.filters import (
     label_selector,
     prefix_affinity,
     role,
+    served_model,
     utilization,
     utilization_filter,
 )
@@ -104,6 +105,7 @@ def in_tree_plugins() -> list[PluginSpec]:
         token_load.SPEC,
         label_selector.SPEC,
         by_label.SPEC,
+        served_model.SPEC,
         *classic.specs(),
         role.DECODE_SPEC,
         role.PREFILL_SPEC,
