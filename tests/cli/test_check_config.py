@@ -140,7 +140,7 @@ def test_plugins_lists_all_in_tree_types(capsys: pytest.CaptureFixture[str]) -> 
     listed = [line.split()[0] for line in out.splitlines()]
     in_tree = [spec.type for spec in in_tree_plugins()]
     aliases = [alias for spec in in_tree_plugins() for alias in spec.aliases]
-    assert (len(in_tree), len(aliases)) == (117, 8)
+    assert (len(in_tree), len(aliases)) == (118, 8)
     assert set(in_tree) <= set(listed)
     # Exactly the registered types (in-tree plus any installed out-of-tree ones), each once, with
     # their aliases on their line.

@@ -50,6 +50,7 @@ from epick.plugins.filters.label_selector import (
     LabelSelectorFilter,
     LabelSelectorParameters,
 )
+from epick.plugins.filters.modality import ModalityFilter
 from epick.plugins.filters.prefix_affinity import PrefixCacheAffinityFilter
 from epick.plugins.filters.role import DecodeFilter, EncodeFilter, PrefillFilter
 from epick.plugins.filters.served_model import ServedModelFilter, ServedModelParameters
@@ -424,6 +425,7 @@ def some_filters(selector: LabelSelectorParameters, params: UtilizationParameter
         HeaderBasedTestingFilter(),
         ServedModelFilter(),
         ServedModelFilter(params=ServedModelParameters(on_missing="Fail", fallback_on_empty=True)),
+        ModalityFilter(),
     ]
 
 

@@ -60,6 +60,7 @@ REQUEST_ID_HEADER = "x-request-id"
 # `envoy.lb.subset_hint` metadata); a client's is dropped, as upstream's system-owned headers are.
 SUBSET_HEADER = "x-gateway-destination-endpoint-subset"
 DEFAULT_PATH = "/v1/completions"  # a request with no path (upstream's default too)
+PATH_HEADER = ":path"  # Envoy's pseudo-header for the request's path (with its query)
 CONTROL_HEADERS = frozenset(
     {
         *OBJECTIVE_HEADERS,
@@ -226,6 +227,9 @@ class Director:
                     raw["model"] = model = target
                     body = json.dumps(raw).encode()
         objective = next((lowered[h] for h in OBJECTIVE_HEADERS if lowered.get(h)), "")
+        # Plugins find the path where upstream's do, in Envoy's `:path` pseudo-header; the proxy's
+        # requests carry it too.
+        lowered.setdefault(PATH_HEADER, path)
         request = InferenceRequest(
             target_model=model,
             body=parsed.body,
