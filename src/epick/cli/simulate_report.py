@@ -1,4 +1,5 @@
-"""What `epick simulate` prints and writes: the table, why requests failed, the JSON and the plot."""
+"""What `epick simulate` prints and writes without a grid or seeds: the table; and the JSON's numbers
+(the sweep's failures, statistics and plot are in epick.simulate.sweep)."""
 
 from __future__ import annotations
 
@@ -8,21 +9,6 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-
-
-def print_failures(runs: list[dict[str, Any]]) -> None:
-    """Why requests failed, per run: the three most frequent reasons."""
-    for r in runs:
-        reasons = r.get("failure_reasons") or []
-        if not reasons:
-            continue
-        load = f" @ {r['qps']:g}" if r["qps"] is not None else ""
-        print(f"{r['policy']}{load}: {r['failed']} failed")
-        for reason in reasons[:3]:
-            print(f"  {reason['count']} × {reason['reason']}")
-        if len(reasons) > 3:
-            rest = sum(x["count"] for x in reasons[3:])
-            print(f"  … and {rest} more, for other reasons (--json has them all)")
 
 
 def finite(value: Any) -> Any:
@@ -58,34 +44,3 @@ def print_table(runs: list[dict[str, Any]]) -> None:
             str(r["failed"]),
         )
     Console(width=None if sys.stdout.isatty() else 200).print(table)
-
-
-_AXIS = {
-    "qps": "offered load (requests/s)",
-    "concurrency": "concurrency",
-    "trace": "(a trace: its own arrival times)",
-}
-
-
-def plot(runs: list[dict[str, Any]], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for name in dict.fromkeys(r["policy"] for r in runs):
-        mine = sorted((r for r in runs if r["policy"] == name), key=lambda r: r["qps"] or 0.0)
-        xs = [r["qps"] or 0.0 for r in mine]  # a trace's runs (no load level) at 0
-        ax1.plot(xs, [r["ttft_s"]["p90"] for r in mine], marker="o", label=name)
-        ax2.plot(xs, [r["output_tokens_per_s"] for r in mine], marker="o", label=name)
-    kind = runs[0].get("load_kind", "qps") if runs else "qps"
-    for ax, title in ((ax1, "TTFT p90 (s)"), (ax2, "output tokens/s")):
-        ax.set_xlabel(_AXIS.get(kind, kind))
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-    ax1.set_yscale("log")
-    ax2.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
