@@ -190,6 +190,36 @@ async def test_a_client_that_stops_reading_stops_the_server(
         chunked = chunked[size + 2 :]
     assert events == b"".join(flood_event(i) for i in range(FLOOD_EVENTS))
     assert flood.sent == total
+    # Read to its end after the pause, the model server's connection goes back to the pool reading.
+    upstreams = service.proxy.upstreams
+    await wait_until(lambda: upstreams.idle == 1)
+    pooled = [conn for idle in upstreams._idle.values() for conn in idle]
+    assert [conn.paused for conn in pooled] == [False]
+    assert pooled[0].transport is not None and pooled[0].transport.is_reading()
+
+
+async def test_a_client_leaving_mid_stream_ends_the_relay_and_closes_the_servers_connection(
+    make_fake: Any, make_service: MakeService
+) -> None:
+    gated = await make_fake("gated")  # one event, then it waits
+    service = await make_service([gated.name], idle_scrape_interval=30.0)
+    assert service.proxy is not None and service.traffic is not None
+    body = json.dumps({"model": MODEL, "prompt": "hi", "stream": True}).encode()
+    for _ in range(2):
+        gated.gate.clear()
+        reader, writer = await asyncio.open_connection("127.0.0.1", service.proxy.port)
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%b" % (len(body), body)
+        )
+        await asyncio.wait_for(reader.readuntil(b"data: "), timeout=10)  # the relay is running
+        assert service.traffic.in_flight(gated.name) == 1
+        writer.transport.abort()  # the client leaves
+        await wait_until(lambda: service.traffic.in_flight(gated.name) == 0)  # the request ended
+        assert service.proxy.upstreams.idle == 0  # half a response on it: closed, not pooled
+        gated.gate.set()
+    # The client's leaving is not the server's fault: nothing counts against it.
+    assert service.datastore.is_healthy(gated.name) and not service.datastore.is_ejected(gated.name)
 
 
 async def test_quiet_scraping_hears_of_each_request_and_spares_an_idle_server(
