@@ -8,11 +8,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
-import yaml
 
-from epick.config import ConfigError, LoadedConfig, load_config_text
 from epick.framework import CycleState, Endpoint, Filter, InferenceRequest, Plugin, RequestBody, Scorer
-from epick.plugins import in_tree_registry
 from epick.plugins.datalayer.dcgm import DcgmExtractor
 from epick.plugins.datalayer.topology import Topology, TopologyExtractor, topology_key
 from epick.plugins.filters import endpoint_attribute as attribute_filter
@@ -20,7 +17,6 @@ from epick.plugins.filters import topology_affinity as topology_filter
 from epick.plugins.filters.endpoint_attribute import EndpointAttributeFilter
 from epick.plugins.filters.topology_affinity import Level, TopologyAffinityFilter, compare, parse_level
 from epick.plugins.profile.peer import publish_peer
-from epick.plugins.registry import Registry
 from epick.plugins.scorers import context_length_aware, header_label_affinity
 from epick.plugins.scorers import endpoint_attribute as attribute_scorer
 from epick.plugins.scorers import topology_affinity as topology_scorer
@@ -35,56 +31,9 @@ from epick.plugins.scorers.endpoint_attribute import EndpointAttributeScorer
 from epick.plugins.scorers.header_label_affinity import HeaderLabelAffinityScorer
 from epick.plugins.scorers.topology_affinity import TopologyAffinityScorer
 from tests.builders import make_endpoint, make_request
+from tests.plugins.loading import issues, load, make, names
 
-
-def registry() -> Registry:
-    """The in-tree types, these six included (registered here until the in-tree list holds them)."""
-    reg = in_tree_registry()
-    for spec in (
-        topology_filter.SPEC,
-        topology_scorer.SPEC,
-        attribute_filter.SPEC,
-        attribute_scorer.SPEC,
-        header_label_affinity.SPEC,
-        context_length_aware.SPEC,
-    ):
-        if spec.type not in reg:
-            reg.register(spec)
-    return reg
-
-
-REGISTRY = registry()
 PATH = "plugins[0].parameters"
-
-
-def load(plugins: list[dict[str, Any]], profiles: list[dict[str, Any]] | None = None) -> LoadedConfig:
-    doc: dict[str, Any] = {
-        "apiVersion": "llm-d.ai/v1alpha1",
-        "kind": "EndpointPickerConfig",
-        "plugins": plugins,
-    }
-    if profiles is not None:
-        doc["schedulingProfiles"] = profiles
-    return load_config_text(yaml.safe_dump(doc, sort_keys=False), source="test.yaml", registry=REGISTRY)
-
-
-def make(plugin_type: str, parameters: Mapping[str, Any] | None = None, name: str = "p") -> Plugin:
-    """One plugin of `plugin_type`, built by the loader from a config that defines only it."""
-    entry: dict[str, Any] = {"name": name, "type": plugin_type}
-    if parameters is not None:
-        entry["parameters"] = dict(parameters)
-    return load([entry]).plugins[name]
-
-
-def issues(plugin_type: str, parameters: Mapping[str, Any] | None) -> list[tuple[str, str, str]]:
-    """The loader's issues, (path, message, fix), for one plugin of `plugin_type`."""
-    with pytest.raises(ConfigError) as e:
-        make(plugin_type, parameters)
-    return [(issue.path, issue.message, issue.fix) for issue in e.value.issues]
-
-
-def names(endpoints: Sequence[Endpoint]) -> list[str]:
-    return [ep.name for ep in endpoints]
 
 
 def with_attrs(

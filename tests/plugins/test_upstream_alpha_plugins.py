@@ -27,11 +27,9 @@ from epick.framework import (
     Screener,
 )
 from epick.framework.datalayer import EndpointExtractor
-from epick.plugins import in_tree_registry
 from epick.plugins.datalayer import label_producer
 from epick.plugins.datalayer.label_producer import LabelProducer
 from epick.plugins.datalayer.topology import Topology, TopologyExtractor, topology_key
-from epick.plugins.registry import Registry
 from epick.plugins.reporters import topology_stamp
 from epick.plugins.reporters.topology_stamp import (
     PEER_TOPOLOGY_HEADER,
@@ -46,51 +44,10 @@ from epick.plugins.screeners.endpoint_pin import PIN_HEADER, EndpointPinScreener
 from epick.requestcontrol.errors import RequestError
 from epick.requestcontrol.path import RequestPath
 from tests.builders import make_endpoint, make_request
+from tests.plugins.loading import REGISTRY, issues, make, names
 
 SPECS = (endpoint_pin.SPEC, topology_stamp.SPEC, attribute_weight.SPEC, label_producer.SPEC)
-
-
-def registry() -> Registry:
-    """The in-tree types, these four included (registered here until the in-tree list holds them)."""
-    reg = in_tree_registry()
-    for spec in SPECS:
-        if spec.type not in reg:
-            reg.register(spec)
-    return reg
-
-
-REGISTRY = registry()
 HEADER = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
-
-
-def load(plugins: list[dict[str, Any]], profiles: list[dict[str, Any]] | None = None) -> LoadedConfig:
-    doc: dict[str, Any] = {
-        "apiVersion": "llm-d.ai/v1alpha1",
-        "kind": "EndpointPickerConfig",
-        "plugins": plugins,
-    }
-    if profiles is not None:
-        doc["schedulingProfiles"] = profiles
-    return load_config_text(yaml.safe_dump(doc, sort_keys=False), source="test.yaml", registry=REGISTRY)
-
-
-def make(plugin_type: str, parameters: Mapping[str, Any] | None = None, name: str = "p") -> Plugin:
-    """One plugin of `plugin_type`, built by the loader from a config that defines only it."""
-    entry: dict[str, Any] = {"name": name, "type": plugin_type}
-    if parameters is not None:
-        entry["parameters"] = dict(parameters)
-    return load([entry]).plugins[name]
-
-
-def issues(plugin_type: str, parameters: Mapping[str, Any] | None) -> list[tuple[str, str, str]]:
-    """The loader's issues, (path, message, fix), for one plugin of `plugin_type`."""
-    with pytest.raises(ConfigError) as e:
-        make(plugin_type, parameters)
-    return [(issue.path, issue.message, issue.fix) for issue in e.value.issues]
-
-
-def names(endpoints: Sequence[Endpoint]) -> list[str]:
-    return [ep.name for ep in endpoints]
 
 
 def extracted(config: LoadedConfig, endpoints: Sequence[Endpoint]) -> list[Endpoint]:
