@@ -6,12 +6,14 @@ import builtins
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
 from epick.framework import Clock, Plugin
+
+P = TypeVar("P", bound=Plugin)
 
 
 class Parameters(BaseModel):
@@ -177,3 +179,20 @@ def producer_for(
             parameter, f"plugin {name!r} ({plugin.typed_name.type}) does not produce {produces}", fix
         )
     return plugin
+
+
+def typed_producer(
+    handle: Handle, named: str, producer_type: str, parameter: str, kind: type[P], *, what: str, produces: str
+) -> P | None:
+    """`producer_for` where the producer is an instance of `kind`, registered as `producer_type`."""
+    plugin = producer_for(
+        handle,
+        named,
+        producer_type,
+        parameter,
+        accepts=lambda p: isinstance(p, kind),
+        what=what,
+        produces=produces,
+        fix=f"name a plugin of type {producer_type}",
+    )
+    return plugin if isinstance(plugin, kind) else None

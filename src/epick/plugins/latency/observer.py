@@ -88,7 +88,7 @@ from epick.plugins.registry import (
     Parameters,
     PluginSpec,
     default_producer,
-    producer_for,
+    typed_producer,
 )
 
 TYPE = "latency-observer-producer-hub"
@@ -496,15 +496,12 @@ SPEC = PluginSpec(
 def resolve_observer(handle: Handle, producer_name: str, parameter: str) -> LatencyObserver | None:
     """The observer a consumer reads: the one named (an error if missing or of another type), else
     the config's `latency-observer-producer-hub`, else None."""
-    plugin = producer_for(
+    return typed_producer(
         handle,
         producer_name,
         TYPE,
         parameter,
-        accepts=lambda p: isinstance(p, LatencyObserver),
+        LatencyObserver,
         what="latency observer",
         produces="TTFT percentiles",
-        fix=f"name a plugin of type {TYPE}",
     )
-    assert plugin is None or isinstance(plugin, LatencyObserver)
-    return plugin

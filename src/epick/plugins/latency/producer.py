@@ -66,7 +66,7 @@ from epick.plugins.latency.predictor import Matrix, OnlinePredictor, feature_mat
 from epick.plugins.latency.slo import Objectives, objectives
 from epick.plugins.load.inflight import InFlightLoadProducer, prompt_tokens, resolve_inflight
 from epick.plugins.prefix.scorer import MATCH_DATA_TYPE, PrefixMatch, resolve_producer
-from epick.plugins.registry import Handle, PluginSpec, producer_for
+from epick.plugins.registry import Handle, PluginSpec, typed_producer
 
 TYPE = "predicted-latency-producer"
 PRODUCER_WORKER_STATE = "its latency model and the requests it saw running"
@@ -443,18 +443,15 @@ def requires_inputs(params: PredictedLatencyParameters, api_version: str = "") -
 def resolve_latency(handle: Handle, producer_name: str, parameter: str) -> PredictedLatencyProducer | None:
     """The predicted-latency producer a consumer reads: the one named, else the config's
     `predicted-latency-producer`, else None."""
-    plugin = producer_for(
+    return typed_producer(
         handle,
         producer_name,
         TYPE,
         parameter,
-        accepts=lambda p: isinstance(p, PredictedLatencyProducer),
+        PredictedLatencyProducer,
         what="predicted-latency producer",
         produces="latency predictions",
-        fix=f"name a plugin of type {TYPE}",
     )
-    assert plugin is None or isinstance(plugin, PredictedLatencyProducer)
-    return plugin
 
 
 def requires_latency(params: Any, api_version: str = "") -> tuple[str, ...]:

@@ -49,7 +49,7 @@ from epick.framework.replication import Publish
 from epick.framework.request import CHARS_PER_TOKEN
 from epick.plugins.debug_state import MAX_LISTED, capped
 from epick.plugins.prefix.scorer import PrefixMatch, resolve_producer
-from epick.plugins.registry import Handle, Parameters, PluginSpec, producer_for
+from epick.plugins.registry import Handle, Parameters, PluginSpec, typed_producer
 
 TYPE = "inflight-load-producer"
 STALE_AFTER = 300.0  # seconds: a request in flight longer is taken to have ended unreported (upstream's)
@@ -366,15 +366,12 @@ SPEC = PluginSpec(
 def resolve_inflight(handle: Handle, producer_name: str, parameter: str) -> InFlightLoadProducer | None:
     """The in-flight producer a consumer reads: the one named (an error if missing or of another type),
     else the config's `inflight-load-producer` if it has one, else None."""
-    plugin = producer_for(
+    return typed_producer(
         handle,
         producer_name,
         TYPE,
         parameter,
-        accepts=lambda p: isinstance(p, InFlightLoadProducer),
+        InFlightLoadProducer,
         what="in-flight load producer",
         produces="in-flight load",
-        fix=f"name a plugin of type {TYPE}",
     )
-    assert plugin is None or isinstance(plugin, InFlightLoadProducer)
-    return plugin
