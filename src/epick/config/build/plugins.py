@@ -24,9 +24,9 @@ from epick.config.suggest import did_you_mean
 from epick.config.upstream import EQUIVALENT_FIXES, UPSTREAM_TYPES, upstream_type
 from epick.framework import Clock, Plugin
 from epick.plugins.registry import ParameterError, Parameters, PluginSpec, Registry
+from epick.plugins.stale import DEFAULT_STALENESS
 
-# upstream's fwkplugin default (pkg/epp/framework/interface/plugin/plugin_state.go): five minutes
-DEFAULT_PLUGIN_STATE_STALENESS = 300.0
+DEFAULT_PLUGIN_STATE_STALENESS = DEFAULT_STALENESS
 
 
 class DependencyFailedError(Exception):

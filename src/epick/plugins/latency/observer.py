@@ -90,13 +90,13 @@ from epick.plugins.registry import (
     default_producer,
     typed_producer,
 )
+from epick.plugins.stale import DEFAULT_STALENESS, pop_stale
 
 TYPE = "latency-observer-producer-hub"
 DATA_TYPE = "TTFTPercentilesDataKey"
 INFLIGHT_TYPE = "inflight-load-producer"
 FLOOR_PERCENTILE = 0.10  # the P10 of the short window, of each bucket, and of the bucket history
 BAND = 0.10  # half-width of the percentile band whose pinned in-flight counts are averaged
-DEFAULT_STALENESS = 300.0  # seconds
 MAX_DUMPED = 100  # endpoints in dump_state, as upstream's maxDebugDumpEndpoints
 WORKER_STATE = "each endpoint's TTFT observations and floor history, from the responses this worker relayed"
 _NS = 1_000_000_000
@@ -425,13 +425,8 @@ class LatencyObserver(NamedPlugin):
 
     def _reap(self, now: float) -> None:
         """Forget dispatched requests older than the staleness whose response never completed."""
-        cutoff = now - self.stale_after
-        dispatches = self._dispatches
-        while dispatches:
-            key, dispatch = next(iter(dispatches.items()))
-            if dispatch.at >= cutoff:
-                return
-            del dispatches[key]
+        for _ in pop_stale(self._dispatches, now - self.stale_after, lambda d: d.at):
+            pass
 
     # --- StateDumper ----------------------------------------------------------------------------
 

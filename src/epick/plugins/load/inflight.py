@@ -50,9 +50,9 @@ from epick.framework.request import CHARS_PER_TOKEN
 from epick.plugins.debug_state import MAX_LISTED, capped
 from epick.plugins.prefix.scorer import PrefixMatch, resolve_producer
 from epick.plugins.registry import Handle, Parameters, PluginSpec, typed_producer
+from epick.plugins.stale import DEFAULT_STALENESS, pop_stale
 
 TYPE = "inflight-load-producer"
-STALE_AFTER = 300.0  # seconds: a request in flight longer is taken to have ended unreported (upstream's)
 PREFILL_PROFILE = "prefill"
 UNCACHED_DATA_TYPE = "UncachedRequestTokensDataKey"
 
@@ -148,7 +148,7 @@ class InFlightLoadProducer(NamedPlugin):
         prefix_producer: str | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
-        stale_after: float = STALE_AFTER,
+        stale_after: float = DEFAULT_STALENESS,
     ) -> None:
         super().__init__(name)
         self.params = params or InFlightParameters()
@@ -253,14 +253,9 @@ class InFlightLoadProducer(NamedPlugin):
     def _sweep(self) -> None:
         """Release what requests older than `stale_after` still hold: a response whose end was never
         reported must not load an endpoint for ever (upstream's plugin state goes stale the same way)."""
+        # Flights are kept in the order they started (a retry re-enters at the end).
         cutoff = self._clock() - self.stale_after
-        # Flights are kept in the order they started (a retry re-enters at the end): the stale ones
-        # are at the front, so this looks at one flight per request in the common case.
-        while self._flights:
-            key, flight = next(iter(self._flights.items()))
-            if flight.started_at >= cutoff:
-                return
-            del self._flights[key]
+        for _, flight in pop_stale(self._flights, cutoff, lambda f: f.started_at):
             for share in flight.shares:
                 self._release(share, tokens=True, request=True)
 

@@ -58,12 +58,12 @@ from epick.framework import (
 from epick.framework.datalayer import data_key
 from epick.framework.flowcontrol import AGENT_IDENTITY_KEY
 from epick.plugins.registry import Handle, Parameters, PluginSpec
+from epick.plugins.stale import DEFAULT_STALENESS, pop_stale
 
 TYPE = "session-state-producer"
 SESSION_STATE_DATA_TYPE = "SessionStateDataKey"
 DEFAULT_EVICTION_TTL = 3600.0  # seconds
 DEFAULT_EVICTION_SWEEP = 300.0  # seconds
-DEFAULT_STALENESS = 300.0  # seconds: a dispatched request never completed is dropped after this
 
 
 def session_state_key(producer_name: str = TYPE) -> str:
@@ -209,12 +209,7 @@ class SessionStateProducer(NamedPlugin):
 
     def _reap(self, now: float) -> None:
         """End, as abnormal, dispatched requests never completed within the staleness."""
-        cutoff = now - self.stale_after
-        while self._dispatched:
-            key, (identity, at) = next(iter(self._dispatched.items()))
-            if at >= cutoff:
-                return
-            del self._dispatched[key]
+        for _, (identity, _at) in pop_stale(self._dispatched, now - self.stale_after, lambda d: d[1]):
             self.registry.record_response(identity, False, 0, 0)
 
     @staticmethod
