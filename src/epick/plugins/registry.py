@@ -14,6 +14,9 @@ from pydantic.alias_generators import to_camel
 from epick.framework import Clock, Plugin
 
 P = TypeVar("P", bound=Plugin)
+# Plugin state's staleness by default: upstream's fwkplugin default
+# (pkg/epp/framework/interface/plugin/plugin_state.go), five minutes.
+DEFAULT_STALENESS = 300.0
 
 
 class Parameters(BaseModel):

@@ -1,14 +1,11 @@
-"""Plugin state a request leaves behind when its end is never reported: how long it is kept, and
-how it is let go (upstream reaps plugin state after a staleness threshold, `epp
---plugin-state-staleness-threshold`)."""
+"""Plugin state a request leaves behind when its end is never reported: how it is let go once older
+than the staleness (`Handle.plugin_state_staleness`, default `registry.DEFAULT_STALENESS`; upstream
+reaps plugin state the same way, `epp --plugin-state-staleness-threshold`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from typing import TypeVar
-
-# upstream's fwkplugin default (pkg/epp/framework/interface/plugin/plugin_state.go): five minutes
-DEFAULT_STALENESS = 300.0
 
 K = TypeVar("K")
 V = TypeVar("V")

@@ -23,8 +23,7 @@ from epick.config.schema import EndpointPickerConfigFile, PluginEntry
 from epick.config.suggest import did_you_mean
 from epick.config.upstream import EQUIVALENT_FIXES, UPSTREAM_TYPES, upstream_type
 from epick.framework import Clock, Plugin
-from epick.plugins.registry import ParameterError, Parameters, PluginSpec, Registry
-from epick.plugins.stale import DEFAULT_STALENESS
+from epick.plugins.registry import DEFAULT_STALENESS, ParameterError, Parameters, PluginSpec, Registry
 
 DEFAULT_PLUGIN_STATE_STALENESS = DEFAULT_STALENESS
 

@@ -83,6 +83,7 @@ from epick.framework.datalayer import data_key
 from epick.plugins.duration import Duration
 from epick.plugins.load.inflight import InFlightLoadProducer, resolve_inflight
 from epick.plugins.registry import (
+    DEFAULT_STALENESS,
     Handle,
     ParameterError,
     Parameters,
@@ -90,7 +91,7 @@ from epick.plugins.registry import (
     default_producer,
     typed_producer,
 )
-from epick.plugins.stale import DEFAULT_STALENESS, pop_stale
+from epick.plugins.stale import pop_stale
 
 TYPE = "latency-observer-producer-hub"
 DATA_TYPE = "TTFTPercentilesDataKey"

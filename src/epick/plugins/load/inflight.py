@@ -49,8 +49,8 @@ from epick.framework.replication import Publish
 from epick.framework.request import CHARS_PER_TOKEN
 from epick.plugins.debug_state import MAX_LISTED, capped
 from epick.plugins.prefix.scorer import PrefixMatch, resolve_producer
-from epick.plugins.registry import Handle, Parameters, PluginSpec, typed_producer
-from epick.plugins.stale import DEFAULT_STALENESS, pop_stale
+from epick.plugins.registry import DEFAULT_STALENESS, Handle, Parameters, PluginSpec, typed_producer
+from epick.plugins.stale import pop_stale
 
 TYPE = "inflight-load-producer"
 PREFILL_PROFILE = "prefill"

@@ -57,8 +57,8 @@ from epick.framework import (
 )
 from epick.framework.datalayer import data_key
 from epick.framework.flowcontrol import AGENT_IDENTITY_KEY
-from epick.plugins.registry import Handle, Parameters, PluginSpec
-from epick.plugins.stale import DEFAULT_STALENESS, pop_stale
+from epick.plugins.registry import DEFAULT_STALENESS, Handle, Parameters, PluginSpec
+from epick.plugins.stale import pop_stale
 
 TYPE = "session-state-producer"
 SESSION_STATE_DATA_TYPE = "SessionStateDataKey"
