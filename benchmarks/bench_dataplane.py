@@ -179,7 +179,7 @@ EXTPROC_VARIANTS: list[tuple[str, str, str, bool, list[str]]] = [
     ("Envoy + epick ext_proc (buffered; mode_override)", "BUFFERED", "STREAMED", True,
      ["--workers", "1", "--no-usage-metrics"]),
     ("Envoy (2 threads) + epick ext_proc (GIE modes; 2 workers)", FULL_DUPLEX, FULL_DUPLEX, False,
-     ["--workers", "2"]),
+     ["--workers", "2", "--min-workers", "2"]),
 ]  # fmt: skip
 
 
@@ -421,7 +421,7 @@ def start_fronts(
         fronts.append(Front(name, f"http://127.0.0.1:{port}", [proc.pid]))
     variants: list[tuple[str, list[str]]] = [
         ("epick proxy default", ["--workers", "1"]),
-        ("epick proxy default (2 workers)", ["--workers", "2"]),
+        ("epick proxy default (2 workers)", ["--workers", "2", "--min-workers", "2"]),
         (
             "epick proxy round-robin",
             ["--workers", "1", "--config-file", str(ROOT / "config" / "round-robin.yaml")],

@@ -7,9 +7,12 @@ servers spend answering, per scrape and per second.
    uvloop, as `epick serve` runs) polls N endpoints on it every 50 ms, first asking for the whole
    page (upstream's EPP's way), then for the samples its extractor reads (epick's). Router CPU per
    scrape and server CPU per scrape, with the ratio of epick's way to the whole page's.
-2. **`epick serve --workers 1` and `--workers 2`** against 8 simulated servers (`epick sim-server`),
-   idle: the CPU of the router's processes and of the simulators per second of wall time, two
-   workers' against one's; then the same with quiet scraping (`--idle-scrape-interval 1s`).
+2. **`epick serve --workers 1`, `--workers 2` and `--workers 2 --min-workers 2`** against 8 simulated
+   servers (`epick sim-server`), idle: the CPU of the router's processes and of the simulators per
+   second of wall time, against one worker's; then the same with quiet scraping
+   (`--idle-scrape-interval 1s`). `--workers 2` runs a second worker only while the first is busy
+   (`epick.service.workers.scaling`): idle, it is a supervisor and one worker; `--min-workers 2`
+   keeps both running.
 
 CPU is read from /proc (user + system) of each process and its children.
 """
@@ -121,9 +124,11 @@ async def one_scrape(endpoints: int, seconds: float, filtered: bool) -> tuple[fl
     return router / scrapes * 1e6, served / scrapes * 1e6, size
 
 
-def idle_serve(workers: int, seconds: float, servers: int = 8, *, quiet: str = "") -> tuple[float, float]:
-    """(router CPU, simulators' CPU), in cores, of an idle `epick serve --workers N` (with
-    `--idle-scrape-interval quiet` when given)."""
+def idle_serve(
+    workers: int, seconds: float, servers: int = 8, *, quiet: str = "", least: int = 1
+) -> tuple[float, float]:
+    """(router CPU, simulators' CPU), in cores, of an idle `epick serve --workers N --min-workers
+    least` (with `--idle-scrape-interval quiet` when given)."""
     base = consecutive_ports(servers)
     proxy, metrics = free_ports(2)
     sim = [sys.executable, "-m", "epick.cli.main", "sim-server", "--port", str(base), "--count", str(servers)]
@@ -133,7 +138,7 @@ def idle_serve(workers: int, seconds: float, servers: int = 8, *, quiet: str = "
             sys.executable, "-m", "epick.cli.main", "serve",
             "--endpoints", ",".join(f"127.0.0.1:{base + i}" for i in range(servers)),
             "--proxy-port", str(proxy), "--metrics-port", str(metrics), "--no-extproc",
-            "--workers", str(workers), "--log-level", "error",
+            "--workers", str(workers), "--min-workers", str(least), "--log-level", "error",
             *(["--idle-scrape-interval", quiet] if quiet else []),
         ]  # fmt: skip
         with process(router) as serve:
@@ -185,11 +190,13 @@ def main() -> None:
         table.add_column(col, justify="right")
     for quiet in ("", "1s"):
         one = idle_serve(1, seconds, quiet=quiet)
-        two = idle_serve(2, seconds, quiet=quiet)
+        up_to_two = idle_serve(2, seconds, quiet=quiet)
+        two = idle_serve(2, seconds, quiet=quiet, least=2)
         how = f"quiet ({quiet})" if quiet else "every 50 ms"
-        for workers, (router, served) in ((1, one), (2, two)):
+        rows = (("1", one), ("up to 2 (following load)", up_to_two), ("2 (--min-workers 2)", two))
+        for workers, (router, served) in rows:
             ratio = f"{router / one[0]:.2f}" if one[0] > 0 else "–"
-            table.add_row(str(workers), how, f"{router:.3f}", f"{served:.3f}", ratio)
+            table.add_row(workers, how, f"{router:.3f}", f"{served:.3f}", ratio)
     console.print(table)
 
 

@@ -58,7 +58,7 @@ async def measure(workers: int, settle: float, window: float) -> tuple[list[floa
         sys.executable, "-m", "epick.cli.main", "serve",
         "--endpoints", ",".join(f"127.0.0.1:{p}" for p in ports),
         "--proxy-port", str(proxy), "--metrics-port", str(metrics_port), "--no-extproc",
-        "--workers", str(workers), "--log-level", "error",
+        "--workers", str(workers), "--min-workers", str(workers), "--log-level", "error",
     )  # fmt: skip
     try:
         await asyncio.sleep(settle)

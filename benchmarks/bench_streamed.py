@@ -9,7 +9,8 @@ Poisson arrivals at a fixed seed, the same requests through each router in turn:
   each against the same requests sent straight to the servers (round robin); a second baseline
   sends them straight too while an idle epick scrapes the servers every 50 ms, which shows what
   answering the scrapes costs the servers' streams (all 8 simulated servers are one process here);
-- routers: epick's proxy with one worker and with two; Envoy with epick's ext_proc in GIE's modes
+- routers: epick's proxy with one worker and with up to two (`--workers 2`: a second only while the
+  first is busy); Envoy with epick's ext_proc in GIE's modes
   (request and response bodies FULL_DUPLEX_STREAMED: every response chunk goes through epick and
   back), where the CPU is epick's alone and Envoy's own is in its column; vllm-router's cache_aware
   and round_robin (when installed: pip install -e '.[bench]').
@@ -160,7 +161,10 @@ def epick_proxy(backends: list[str], workers: int) -> Front:
         with router(cmd, f"http://127.0.0.1:{proxy}/health") as pid:
             yield [pid], [], f"http://127.0.0.1:{proxy}"
 
-    return Front(f"epick proxy, {workers} worker{'s' if workers > 1 else ''}", start)
+    # Above 1: up to that many, as many as the load needs (`--min-workers` stays 1).
+    return Front(
+        f"epick proxy, {'up to ' if workers > 1 else ''}{workers} worker{'s' if workers > 1 else ''}", start
+    )
 
 
 def envoy_extproc(backends: list[str], envoy: str) -> Front:

@@ -78,7 +78,8 @@ async def one_run(workers: int, kill: bool, workload: Workload, time_scale: floa
                "--seed", "7"]  # fmt: skip
     serve_cmd = [*EPICK, "serve", "--endpoints", ",".join(sims), "--proxy-port", str(proxy),
                  "--metrics-port", str(metrics), "--no-extproc", "--host", "127.0.0.1",
-                 "--workers", str(workers), "--log-level", "error", *extra]  # fmt: skip
+                 "--workers", str(workers), "--min-workers", str(workers), "--log-level", "error",
+                 *extra]  # fmt: skip
     run = Run()
     with process(sim_cmd), process(serve_cmd) as serve:
         await wait_http(f"http://{sims[0]}/health")

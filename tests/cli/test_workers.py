@@ -209,7 +209,7 @@ async def test_two_workers_route_every_prefix_as_one_process_would(
     make_sim: MakeSim, serve: Callable[..., Awaitable[Served]]
 ) -> None:
     sims = [await make_sim(time_scale=1.0) for _ in range(4)]  # a prefill takes milliseconds: real time
-    served = await serve([f"127.0.0.1:{s.port}" for s in sims], "--workers", "2")
+    served = await serve([f"127.0.0.1:{s.port}" for s in sims], "--workers", "2", "--min-workers", "2")
     assert len(served.workers()) == 2
     # First sight of each prefix, one at a time: recorded by whichever worker took it.
     first = {p: endpoint for p, endpoint, _ in await _rounds_one_by_one(served.url)}
@@ -237,7 +237,7 @@ async def test_a_killed_worker_comes_back_with_the_shared_state(
     make_sim: MakeSim, serve: Callable[..., Awaitable[Served]]
 ) -> None:
     sims = [await make_sim(time_scale=1.0) for _ in range(4)]
-    served = await serve([f"127.0.0.1:{s.port}" for s in sims], "--workers", "2")
+    served = await serve([f"127.0.0.1:{s.port}" for s in sims], "--workers", "2", "--min-workers", "2")
     first = {p: endpoint for p, endpoint, _ in await _rounds_one_by_one(served.url)}
     await _rounds(served.url, 3)
     victim, survivor = served.workers()
@@ -268,13 +268,18 @@ async def test_while_a_worker_is_down_another_accepts_on_its_socket(
     import re
 
     sim = await make_sim(time_scale=1.0)
-    served = await serve([f"127.0.0.1:{sim.port}"], "--workers", "2")
+    served = await serve([f"127.0.0.1:{sim.port}"], "--workers", "2", "--min-workers", "2")
     config = tmp_path / "prefix-only.yaml"
     config.rename(tmp_path / "away.yaml")
+    # (A worker accepts on the other's socket at start too, until the other has joined.)
+    await wait_until(lambda: "stops accepting on worker" in served.log.read_text(), timeout=30, what="both")
+    before = len(served.log.read_text())
     os.kill(served.workers()[0], signal.SIGKILL)
     pattern = re.compile(r"worker (\d) accepts on worker (\d)'s socket while it is down")
-    await wait_until(lambda: pattern.search(served.log.read_text()) is not None, timeout=30, what="a cover")
-    match = pattern.search(served.log.read_text())
+    await wait_until(
+        lambda: pattern.search(served.log.read_text()[before:]) is not None, timeout=30, what="a cover"
+    )
+    match = pattern.search(served.log.read_text()[before:])
     assert match is not None
     cover, down = match.groups()
     connector = aiohttp.TCPConnector(force_close=True)  # fresh connections: on either socket
@@ -294,7 +299,7 @@ async def test_the_port_cannot_be_bound_twice(
     make_sim: MakeSim, serve: Callable[..., Awaitable[Served]]
 ) -> None:
     sim = await make_sim()
-    served = await serve([f"127.0.0.1:{sim.port}"], "--workers", "2")
+    served = await serve([f"127.0.0.1:{sim.port}"], "--workers", "2", "--min-workers", "2")
     port = served.url.rsplit(":", 1)[1]
     for workers in ("1", "2"):
         second = await asyncio.create_subprocess_exec(
@@ -366,7 +371,7 @@ async def test_every_worker_serves_ext_proc_on_the_shared_ports(
     sim = await make_sim()
     grpc_port, health_port = free_port(), free_port()
     served = await serve(
-        [f"127.0.0.1:{sim.port}"], "--workers", "2", "--extproc",
+        [f"127.0.0.1:{sim.port}"], "--workers", "2", "--min-workers", "2", "--extproc",
         "--grpc-port", str(grpc_port), "--grpc-health-port", str(health_port), "--no-secure-serving",
     )  # fmt: skip
     assert len(served.workers()) == 2
@@ -422,7 +427,8 @@ async def test_the_workers_count_each_others_requests_in_flight(
     sim = await make_sim(time_scale=1.0)
     config = tmp_path / "one-at-a-time.yaml"
     config.write_text(ONE_AT_A_TIME)
-    served = await serve([f"127.0.0.1:{sim.port}"], "--workers", "2", "--config-file", str(config))
+    fixed = ("--workers", "2", "--min-workers", "2")
+    served = await serve([f"127.0.0.1:{sim.port}"], *fixed, "--config-file", str(config))
 
     async def answers(count: int) -> Counter[str]:
         """Who answered `count` short requests, each on a fresh connection (either worker): the
@@ -607,21 +613,57 @@ async def test_a_dead_workers_socket_and_those_it_covered_go_to_running_workers(
     supervisor.sockets = [object(), object(), object()]  # type: ignore[list-item]
     links = [Link(), Link(), Link()]
     for worker, link in zip(supervisor.workers, links, strict=True):
-        worker.writer = link  # type: ignore[assignment]
+        worker.writer, worker.wanted = link, True  # type: ignore[assignment]
     supervisor.workers[0].writer = None
-    supervisor._cover(0)
+    supervisor._assign()
     assert supervisor.covered == {0: 1} and links[1].sent == [{"t": "accept", "socket": 0}]
     supervisor.workers[1].writer = None
-    supervisor._cover(1)
+    supervisor._assign()
     assert supervisor.covered == {0: 2, 1: 2}
-    assert links[2].sent == [{"t": "accept", "socket": 1}, {"t": "accept", "socket": 0}]
+    assert links[2].sent == [{"t": "accept", "socket": 0}, {"t": "accept", "socket": 1}]
     supervisor.workers[0].writer = links[0]  # type: ignore[assignment]
-    supervisor._give_back(0)
+    supervisor._assign()
     assert supervisor.covered == {1: 2} and links[2].sent[-1] == {"t": "release", "socket": 0}
+    supervisor._assign()  # nothing changed: nothing said
+    assert len(links[2].sent) == 3 and links[0].sent == []
     supervisor.stopping = True
     supervisor.workers[2].writer = None
-    supervisor._cover(2)  # stopping: nobody takes over
+    supervisor._assign()  # stopping: nobody takes over
     assert links[0].sent == []
+
+
+async def test_a_retiring_workers_socket_goes_to_a_serving_worker_before_it_is_told() -> None:
+    """Scaling down: the last worker added is no longer wanted; its socket is covered, the others
+    learn their new turns, then it is told to retire (so no connection waits on its socket)."""
+    import msgpack
+
+    from epick.proxy.server import ProxyOptions
+    from epick.service import Settings
+    from epick.service.workers import Supervisor
+
+    class Link:
+        def __init__(self, sent: list[tuple[int, dict[str, object]]], index: int) -> None:
+            self.log, self.index = sent, index
+
+        def write(self, data: bytes) -> None:
+            self.log.append((self.index, msgpack.unpackb(data[5:])))
+
+    settings = Settings(proxy=ProxyOptions(host="127.0.0.1", port=0), metrics_port=None)
+    supervisor = Supervisor(settings, 3, least=1)
+    supervisor.sockets = [object(), object(), object()]  # type: ignore[list-item]
+    sent: list[tuple[int, dict[str, object]]] = []
+    for worker in supervisor.workers[:2]:
+        worker.writer, worker.wanted = Link(sent, worker.index), True  # type: ignore[assignment]
+    supervisor._assign()
+    assert supervisor.covered == {2: 0}  # never started: worker 0 accepts on its socket
+    sent.clear()
+    supervisor._retire(0.1)
+    assert sent == [
+        (0, {"t": "accept", "socket": 1}),
+        (0, {"t": "active", "position": 0, "count": 1}),
+        (1, {"t": "retire"}),
+    ]
+    assert supervisor.covered == {1: 0, 2: 0} and supervisor.scaled == {"up": 0, "down": 1}
 
 
 def test_a_worker_that_ran_healthy_restarts_after_the_first_backoff() -> None:
@@ -641,7 +683,7 @@ async def test_every_worker_serves_the_same_self_signed_certificate(
     sim = await make_sim()
     grpc_port = free_port()
     served = await serve(
-        [f"127.0.0.1:{sim.port}"], "--workers", "2", "--extproc",
+        [f"127.0.0.1:{sim.port}"], "--workers", "2", "--min-workers", "2", "--extproc",
         "--grpc-port", str(grpc_port), "--grpc-health-port", str(free_port()),
     )  # fmt: skip
     assert len(served.workers()) == 2

@@ -194,6 +194,7 @@ def settings_from_flags(
         workers=epp_workers(
             flags.integer("workers"), leader_election=flags.boolean("ha-enable-leader-election")
         ),
+        min_workers=flags.integer("min-workers"),
         drain_timeout=flags.number("drain-timeout"),
         shared_state=flags.text("shared-state") or None,
         log_level=logging.getLevelName(logging.getLogger().level).lower(),

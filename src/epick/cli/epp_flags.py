@@ -182,9 +182,10 @@ EPICK_FLAGS: tuple[FlagSpec, ...] = (
         "workers",
         "int",
         1,
-        "epick: worker processes (0: one per core of the container's CPU limit, at most the config allows, "
-        "and 1 with no limit).",
+        "epick: at most this many worker processes, as many as the load needs (0: one per core of the "
+        "container's CPU limit, at most the config allows, and 1 with no limit).",
     ),
+    FlagSpec("min-workers", "int", 1, "epick: of --workers, how many always run."),
     FlagSpec(
         "idle-scrape-interval",
         "duration",
@@ -279,6 +280,7 @@ HOW: dict[str, str] = {
     "model-server-metrics-https-insecure-skip-verify": "GIE v1.5.0 only; warns and is ignored",
     "proxy-port": "epick's own",
     "workers": "epick's own",
+    "min-workers": "epick's own",
     "idle-scrape-interval": 'epick\'s own: quiet scraping (docs/performance.md, "Watching the fleet")',
     "lease-duration": "epick's own (upstream: controller-runtime's 15s, not settable)",
     "lease-renew-deadline": "epick's own (upstream: controller-runtime's 10s, not settable)",

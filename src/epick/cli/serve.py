@@ -190,11 +190,18 @@ def _service_flags(p: argparse.ArgumentParser) -> None:
         "--workers",
         type=_workers,
         default=1,
-        help="processes serving the proxy and ext_proc on the same ports, sharing the scheduling "
-        "state (epick.service.workers); default 1: one core relays hundreds of streamed requests a "
-        "second, and workers cost CPU and routing quality below that (docs/performance.md); 'auto': one "
-        "per core available, or one where the config keeps state per process (flow control, plugins "
-        "that do not share) or the gRPC ports are 0",
+        help="at most this many processes serve the proxy and ext_proc on the same ports, sharing the "
+        "scheduling state (epick.service.workers): one more starts while those running are busy, and the "
+        "last added retires when the load falls (--min-workers always run); default 1: one core relays "
+        "hundreds of streamed requests a second, and each worker beyond it costs CPU and routing quality "
+        "(docs/performance.md); 'auto': up to one per core available, or one where the config keeps state "
+        "per process (flow control, plugins that do not share) or the gRPC ports are 0",
+    )
+    p.add_argument(
+        "--min-workers",
+        type=_workers_least,
+        default=1,
+        help="of --workers, how many always run (--min-workers N --workers N: a fixed count)",
     )
     p.add_argument(
         "--shared-state",
@@ -209,6 +216,17 @@ def _service_flags(p: argparse.ArgumentParser) -> None:
         help="on SIGTERM: how long requests in flight may take to finish before connections close",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _workers_least(text: str) -> int:
+    """`--min-workers`: a count of at least 1."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of workers, got {text!r}") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"min-workers must be at least 1 (got {count})")
+    return count
 
 
 def _workers(text: str) -> int | None:
@@ -330,6 +348,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
             ),
             usage_metrics=args.usage_metrics,
             workers=args.workers,
+            min_workers=args.min_workers,
             shared_state=args.shared_state,
             watch_config_file=args.watch_config_file,
             drain_timeout=parse_duration(args.drain_timeout),

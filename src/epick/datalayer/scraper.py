@@ -450,6 +450,15 @@ class ScraperPool:
         self._subscribed = False
         self._stopping: set[asyncio.Task[None]] = set()
 
+    def set_share(self, share: tuple[int, int]) -> None:
+        """The workers serving changed: this one is now worker k of n in the turns (from each
+        scraper's next turn on; a scraper asleep until its old turn keeps that one)."""
+        self.share = share
+        for scrapers in self.scrapers.values():
+            for scraper in scrapers:
+                if scraper.share is not None:
+                    scraper.share = share
+
     async def start(self) -> None:
         self._started = True
         for spec in self.datastore.specs():

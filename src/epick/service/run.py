@@ -101,6 +101,6 @@ def serve(settings: Settings) -> None:
     settings.check()
     workers, config = worker_count(settings)
     if workers > 1:
-        uvloop.run(Supervisor(settings, workers).run())
+        uvloop.run(Supervisor(settings, workers, settings.min_workers, settings.worker_scaling).run())
     else:
         uvloop.run(_single(settings, config))

@@ -26,6 +26,29 @@ class SettingsError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerScaling:
+    """The thresholds of load-following workers (`epick.service.workers.scaling` says what each does)."""
+
+    up_cpu: float = 0.6
+    down_cpu: float = 0.25
+    sample_s: float = 1.0
+    up_samples: int = 2
+    down_samples: int = 30
+    settle_s: float = 5.0
+
+    def check(self) -> None:
+        """Raise ValueError naming a threshold that cannot work."""
+        if self.sample_s <= 0 or self.settle_s < 0:
+            raise ValueError(f"worker scaling: the sample period must be positive (got {self.sample_s:g}s)")
+        if self.up_samples < 1 or self.down_samples < 1:
+            raise ValueError("worker scaling: up_samples and down_samples must be at least 1")
+        if not 0 <= self.down_cpu < self.up_cpu:
+            raise ValueError(
+                f"worker scaling: down_cpu ({self.down_cpu:g}) must be below up_cpu ({self.up_cpu:g})"
+            )
+
+
+@dataclass(frozen=True, slots=True)
 class KubernetesSettings:
     """Endpoints from a cluster: an InferencePool's pods, or the pods a label selector matches."""
 
@@ -97,6 +120,10 @@ class Settings:
     # Worker processes (`epick.service.workers`); None ("auto"): one per core available, or one where
     # splitting would change the service.
     workers: int | None = 1
+    # Of those, how many always run (`--min-workers`); the rest start while the running ones are busy
+    # and retire when the load falls (`epick.service.workers.scaling`, with these thresholds).
+    min_workers: int = 1
+    worker_scaling: WorkerScaling = field(default_factory=WorkerScaling)
     # `--shared-state`: a Redis or Valkey URL through which replicas on other hosts share the replicated
     # plugins' state (`epick.service.shared_state`); None: each replica (each pod) learns alone.
     shared_state: str | None = None
@@ -147,6 +174,18 @@ class Settings:
         """Whether ext_proc's ports can be shared by workers: no ext_proc, or neither port 0."""
         return self.extproc is None or 0 not in (self.extproc.port, self.extproc.health_port)
 
+    def _check_workers(self) -> None:
+        if self.workers is not None and self.workers < 1:
+            raise SettingsError(f"workers must be at least 1 (got {self.workers})")
+        if self.min_workers < 1:
+            raise SettingsError(f"min-workers must be at least 1 (got {self.min_workers})")
+        if self.workers is not None and self.min_workers > self.workers:
+            raise SettingsError(f"min-workers ({self.min_workers}) is above workers ({self.workers})")
+        try:
+            self.worker_scaling.check()
+        except ValueError as e:
+            raise SettingsError(str(e)) from None
+
     def check(self) -> None:
         """Raise `SettingsError` naming the first setting that cannot work."""
         if self.shared_state is not None:
@@ -161,8 +200,7 @@ class Settings:
             raise SettingsError("give static endpoints or Kubernetes discovery, not both")
         if k8s is not None and bool(k8s.pool) == bool(k8s.selector):
             raise SettingsError("Kubernetes discovery needs an InferencePool name or a label selector (one)")
-        if self.workers is not None and self.workers < 1:
-            raise SettingsError(f"workers must be at least 1 (got {self.workers})")
+        self._check_workers()
         if self.refresh_metrics_interval <= 0:
             raise SettingsError(
                 f"the metrics refresh interval must be positive (got {self.refresh_metrics_interval})"

@@ -1,12 +1,16 @@
-"""`epick serve --workers N`: N processes serve the proxy, every one deciding on the same state.
+"""`epick serve --workers N`: up to N processes serve the proxy, every one deciding on the same state.
 
-One Python process decides and relays on one core. With N workers:
+One Python process decides and relays on one core. With up to N workers:
+- `--min-workers` of them (default 1) always run; the supervisor starts another while the running
+  ones are busy and retires the last one added when the others could carry the load
+  (`epick.service.workers.scaling`). A worker that retires hands its socket to a serving one,
+  drains, and leaves its last /metrics page to the supervisor, which keeps adding its counts.
 - The supervisor (the process `epick serve` starts) binds one listening socket per worker on the
   proxy's port (SO_REUSEPORT: the kernel spreads new connections over them evenly) and starts N
   worker processes, each accepting on its own. It holds a lock file for the port, so a second epick
   on the same port fails to start, naming the port (as does anything else binding it). It keeps the
-  sockets open and gives every worker all of them: while a worker is down, the hub has a running
-  worker accept on its socket too, until the successor joins.
+  sockets open and gives every worker all of them: while a worker is down (or not started, or
+  retired), the hub has a serving worker accept on its socket too, until it serves again.
 - Each worker is a whole service (`epick.service.Service`): its own data layer (discovery, scrapes, KV
   events) and its own copy of the config. Scheduling state lives in plugins; those that record what
   decisions did implement `epick.framework.replication.Replicated`: the prefix index (`prefix-cache-scorer`,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -51,6 +52,7 @@ class WorkerLink:
         self._in = bytearray()
         self._out = bytearray()  # what the socket did not take yet
         self._outbox: list[list[object]] = []
+        self._sent: asyncio.Future[None] | None = None  # set once `_out` is all sent (`leave`)
         self._flush_pending = False
         self._snapshot: asyncio.Future[None] | None = None  # set once the snapshot has come
         self._early: list[Any] | None = []  # what came before the plugins were attached
@@ -63,6 +65,13 @@ class WorkerLink:
         self._release: Callable[[int], None] | None = None
         # Also told of each update this worker's plugins record (`--shared-state`: other hosts).
         self.tee: Callable[[str, object], None] | None = None
+        # Whether another worker serves: alone, nothing is published (a worker that joins loads a
+        # snapshot, and the hub says "active" before it asks for one).
+        self.peers = True
+        # Told this worker's place among those serving, (position, count), as the hub says.
+        self.on_active: Callable[[int, int], None] | None = None
+        # Called when the hub retires this worker (the load no longer needs it).
+        self.on_retire: Callable[[], None] | None = None
 
     def serve_sockets(self, accept: Callable[[int], None], release: Callable[[int], None]) -> None:
         """Once the proxy runs: accept on the sockets the hub gives this worker (`accept(i)`) until
@@ -114,13 +123,15 @@ class WorkerLink:
         """Before a decision: apply what has arrived. (What this worker recorded leaves at the end
         of the loop's turn, one frame for all of it: a frame per decision cost a quarter of the
         throughput of two workers, in the hub's forwarding and the other worker's wake-ups.)"""
-        if self._sock is not None:
+        if self._sock is not None and self.peers:
             self.read_available()
 
     def _publisher(self, name: str) -> Any:
         def publish(update: object) -> None:
             if self.tee is not None:
                 self.tee(name, update)
+            if not self.peers:
+                return
             self._outbox.append([name, update])
             if self._flush_pending:
                 return
@@ -177,6 +188,8 @@ class WorkerLink:
         del self._out[:sent]
         if not self._out:
             asyncio.get_running_loop().remove_writer(sock.fileno())
+            if self._sent is not None and not self._sent.done():
+                self._sent.set_result(None)
 
     def read_available(self) -> None:
         """Read and handle every whole frame the socket holds now."""
@@ -252,6 +265,14 @@ class WorkerLink:
                 log.info("worker %d stops accepting on worker %d's socket: it is back", self.index, index)
                 if self._release is not None:
                     self._release(index)
+        elif kind == "active":
+            position, count = int(message["position"]), int(message["count"])
+            self.peers = count > 1
+            if self.on_active is not None:
+                self.on_active(position, count)
+        elif kind == "retire":
+            if self.on_retire is not None:
+                self.on_retire()
         elif kind == "snapshot?":
             items = {name: p.snapshot() for name, p in replicated.items()}
             self._send(frame({"t": "snapshot", "for": message["for"], "items": items}))
@@ -262,6 +283,17 @@ class WorkerLink:
                     plugin.restore(state)
             if message["items"]:
                 log.info("worker %d loaded the shared state of a running worker", self.index)
+
+    async def leave(self, final_metrics: bytes, timeout: float = 5.0) -> None:
+        """A retiring worker's goodbye: what it still had to publish, its last /metrics page (the
+        supervisor keeps adding its counts), then the link closes once all of it is sent."""
+        self._flush()
+        self._send(frame({"t": "final-metrics", "page": final_metrics.decode()}))
+        if self._out and self._sock is not None:
+            self._sent = asyncio.get_running_loop().create_future()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._sent, timeout)
+        self._close()
 
     async def stop(self) -> None:
         self._close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
@@ -54,3 +55,31 @@ class MergedPages(Collector):
             for (sample_name, labels), value in values[name].items():
                 family.add_sample(sample_name, dict(labels), value)
             yield family
+
+
+# What a worker that is gone still adds to the merged page: what it counted, not what it measured now.
+CARRIED_TYPES = frozenset({"counter", "histogram", "summary"})
+
+
+def carried_page(pages: Sequence[str]) -> str:
+    """The counters, histograms and summaries of `pages` (retired workers' last pages) summed into
+    one page, which the merged page keeps adding: a worker's retirement takes nothing from a
+    counter, which Prometheus would read as a reset. Their gauges and `_created` samples go."""
+    kept: list[Metric] = []
+    for family in MergedPages([page for page in pages if page]).collect():
+        if family.type not in CARRIED_TYPES:
+            continue
+        samples = [s for s in family.samples if not s.name.endswith("_created")]
+        family.samples = samples
+        kept.append(family)
+    registry = CollectorRegistry()
+    registry.register(_Families(kept))
+    return generate_latest(registry).decode()
+
+
+class _Families(Collector):
+    def __init__(self, families: Sequence[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Any:
+        return iter(self.families)

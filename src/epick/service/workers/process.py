@@ -18,6 +18,7 @@ import socket
 import sys
 
 import uvloop
+from prometheus_client import generate_latest
 
 from epick.datalayer.shared import NAME as SHARED_METRICS
 from epick.datalayer.shared import SharedMetrics
@@ -72,6 +73,17 @@ async def run_worker(settings: Settings, role: Role) -> None:
         shared={SHARED_METRICS: SharedMetrics(service.datastore, service.scrapers)},
         lazy=frozenset({SHARED_METRICS}),
     )
+    # The hub says which of the serving workers this one is (they follow the load): the turns to scrape.
+    link.on_active = lambda position, count: service.scrapers.set_share((position, count))
+    stopped = await until_stopped()
+    retiring = False
+
+    def retire() -> None:
+        nonlocal retiring
+        retiring = True
+        stopped.set()
+
+    link.on_retire = retire
     await link.connect()  # the shared state first: then serve
     service.director.before_schedule = link.catch_up
     service.link, service.worker_index = link, role.index  # --shared-state: tees the link's updates
@@ -85,7 +97,6 @@ async def run_worker(settings: Settings, role: Role) -> None:
             server.stop_accepting,
         )
     link.report_metrics(service.metrics_bound_port)
-    stopped = await until_stopped()
 
     def reload() -> None:
         if service.reload():
@@ -96,8 +107,13 @@ async def run_worker(settings: Settings, role: Role) -> None:
     try:
         await stopped.wait()
     finally:
-        await link.stop()
-        await service.stop()
+        if retiring:  # linked while it drains (what it records still reaches the others), then counted
+            log.info("worker %d retires: draining its requests", role.index)
+            await service.stop()
+            await link.leave(generate_latest(service.metrics.registry))
+        else:
+            await link.stop()
+            await service.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,6 @@
-"""The supervisor: starts the workers and keeps them running, relays their updates (the hub) and
-serves their merged /metrics. See `epick.service.workers` for the whole scheme."""
+"""The supervisor: starts the workers and keeps them running, as many as the load needs
+(`epick.service.workers.scaling`), relays their updates (the hub) and serves their merged /metrics.
+See `epick.service.workers` for the whole scheme."""
 
 from __future__ import annotations
 
@@ -19,13 +20,16 @@ import aiohttp
 import msgpack
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from epick.datalayer.discovery.kubernetes.client import load_client
 from epick.service.metrics_server import MetricsAuth, MetricsServer, metrics_tls
 from epick.service.plugin_state import PATH as PLUGIN_STATE_PATH
-from epick.service.settings import Settings
+from epick.service.settings import Settings, WorkerScaling
 from epick.service.workers.frames import UPDATES, frame, read_frame, read_raw_frame
-from epick.service.workers.merge import MergedPages
+from epick.service.workers.merge import MergedPages, carried_page
+from epick.service.workers.scaling import ScalingDecision, cpu_seconds, measurable
 from epick.service.workers.sockets import bind_proxy, reserve_grpc
 
 log = logging.getLogger(__name__)
@@ -48,6 +52,10 @@ class _Worker:
     writer: asyncio.StreamWriter | None = None
     metrics_port: int = 0
     restarts: int = 0
+    # Whether it is to run: the first `least` always, the others while the load needs them. A worker
+    # no longer wanted drains and exits, and is not started again.
+    wanted: bool = False
+    cpu_s: float | None = None  # its CPU time at the last sample
     # Set while no link of this worker's is open: its successor starts only once the others have
     # been told it left (else they could drop what the successor publishes).
     unlinked: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
@@ -57,9 +65,18 @@ class _Worker:
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, workers: int) -> None:
+    def __init__(
+        self, settings: Settings, workers: int, least: int | None = None, scaling: WorkerScaling | None = None
+    ) -> None:
+        """`workers` at most, `least` at least (default: all of them, always running); between the
+        two, as `scaling` says (`epick.service.workers.scaling`)."""
         self.settings = settings
         self.workers = [_Worker(i) for i in range(workers)]
+        self.least = workers if least is None else max(1, min(least, workers))
+        self.scaling = scaling or WorkerScaling()
+        self.decision = ScalingDecision(self.scaling, self.least, workers)
+        self.scaled = {"up": 0, "down": 0}
+        self.carried = ""  # retired workers' counters and histograms, as a page (`carried_page`)
         proxy, extproc = settings.proxy, settings.extproc
         host = proxy.host if proxy else extproc.host if extproc else settings.metrics_host
         self.host, self.port = host, proxy.port if proxy else None
@@ -92,27 +109,47 @@ class Supervisor:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._stopped.set)
             loop.add_signal_handler(signal.SIGHUP, self._reload)
-            for worker in self.workers:
+            for worker in self.workers[: self.least]:
+                worker.wanted = True
                 self._spawn(worker)
             if self.metrics_port is not None:
                 await self._serve_metrics()
             served = [f"the proxy on {self.host}:{self.sockets[0].getsockname()[1]}"] if self.sockets else []
             served += [f"ext_proc on {self.host}:{self.extproc_ports[0]}"] if self.extproc_ports else []
-            log.info("epick: %d workers serve %s", len(self.workers), " and ".join(served))
+            if self.least < len(self.workers):
+                if measurable():
+                    self._start(self._follow_load(), "worker scaling")
+                    log.info(
+                        "epick: %d to %d workers serve %s, as many as the load needs",
+                        self.least, len(self.workers), " and ".join(served),
+                    )  # fmt: skip
+                else:
+                    log.warning(
+                        "no /proc to read the workers' CPU from: all %d workers run", len(self.workers)
+                    )
+                    for worker in self.workers[self.least :]:
+                        worker.wanted = True
+                        self._spawn(worker)
+            else:
+                log.info("epick: %d workers serve %s", len(self.workers), " and ".join(served))
             try:
                 await self._stopped.wait()
             finally:
                 await self.stop()
 
     def _spawn(self, worker: _Worker) -> None:
-        task = asyncio.get_running_loop().create_task(self._keep(worker), name=f"worker {worker.index}")
+        self._start(self._keep(worker), f"worker {worker.index}")
+
+    def _start(self, work: Any, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(work, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _keep(self, worker: _Worker) -> None:
-        """Run the worker; start it again whenever it exits, until the supervisor stops."""
+        """Run the worker; start it again whenever it exits, until the supervisor stops or the
+        worker is no longer wanted."""
         backoff = FIRST_BACKOFF
-        while not self.stopping:
+        while not self.stopping and worker.wanted:
             args = [sys.executable, "-m", "epick.service.workers.process", "--settings", self.settings_path,
                     "--index", str(worker.index), "--count", str(len(self.workers)),
                     "--hub", self.hub_path]  # fmt: skip
@@ -130,6 +167,10 @@ class Supervisor:
             backoff = restart_delay(backoff, loop.time() - started)
             if self.stopping:
                 return
+            if not worker.wanted:
+                if code != 0:
+                    log.error("worker %d exited with status %s while retiring", worker.index, code)
+                return
             with contextlib.suppress(TimeoutError):  # its last frames are read and forwarded first
                 await asyncio.wait_for(worker.unlinked.wait(), 5)
             worker.restarts += 1
@@ -138,6 +179,74 @@ class Supervisor:
             )
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF)
+
+    # --- following the load -----------------------------------------------------------------
+
+    async def _follow_load(self) -> None:
+        """Every `sample_s`: the running workers' CPU since the last sample decides whether one more
+        starts or the last one retires (`ScalingDecision`)."""
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while not self.stopping:
+            await asyncio.sleep(self.scaling.sample_s)
+            now = loop.time()
+            elapsed, last = now - last, now
+            running = self._serving()
+            spent, complete = 0.0, True
+            for worker in running:
+                seen = cpu_seconds(worker.process.pid) if worker.process is not None else None
+                if seen is None or worker.cpu_s is None:
+                    complete = False  # just started (or gone): a whole sample from the next one
+                else:
+                    spent += seen - worker.cpu_s
+                worker.cpu_s = seen
+            starting = any(w.wanted and w.writer is None for w in self.workers)
+            if not complete or starting:
+                continue
+            step = self.decision.sample(len(running), spent, elapsed, now)
+            if step > 0:
+                self._add(spent / elapsed)
+            elif step < 0:
+                self._retire(spent / elapsed)
+
+    def _add(self, cores: float) -> None:
+        idle = [
+            w
+            for w in self.workers
+            if not w.wanted and (w.process is None or w.process.returncode is not None)
+        ]
+        if not idle:
+            return  # the last one retired is still draining
+        worker = idle[0]
+        worker.wanted, worker.cpu_s = True, None
+        self.scaled["up"] += 1
+        log.info("starting worker %d: the running workers use %.2f cores", worker.index, cores)
+        self._spawn(worker)
+
+    def _retire(self, cores: float) -> None:
+        """The last worker added drains its requests and exits; its socket goes to the others first."""
+        worker = max((w for w in self.workers if w.wanted), key=lambda w: w.index)
+        worker.wanted = False
+        self.scaled["down"] += 1
+        log.info("retiring worker %d: the running workers use %.2f cores", worker.index, cores)
+        self._assign()
+        self._tell_active()
+        self._tell(worker, {"t": "retire"})
+
+    def _serving(self) -> list[_Worker]:
+        """The workers that are to run and are linked to the hub (serving, or about to)."""
+        return [w for w in self.workers if w.wanted and w.writer is not None]
+
+    def _tell(self, worker: _Worker, message: dict[str, Any]) -> None:
+        if worker.writer is not None:
+            worker.writer.write(frame(message))
+
+    def _tell_active(self) -> None:
+        """Each serving worker's place among them: their turns to scrape, and whether anyone hears
+        their updates (a worker alone publishes none)."""
+        serving = self._serving()
+        for position, worker in enumerate(serving):
+            self._tell(worker, {"t": "active", "position": position, "count": len(serving)})
 
     def _reload(self) -> None:
         for worker in self.workers:
@@ -180,10 +289,14 @@ class Supervisor:
             return
         worker = self.workers[int(hello["worker"])]
         # Joined first, then the snapshot: updates that cross it are applied on top of it.
-        peers = [w for w in self.workers if w.writer is not None and w is not worker]
+        # A peer that serves answers first (one retiring may be gone before its snapshot leaves).
+        peers = sorted(
+            (w for w in self.workers if w.writer is not None and w is not worker), key=lambda w: not w.wanted
+        )
         worker.writer = writer
         worker.unlinked.clear()
-        self._give_back(worker.index)
+        self._assign()
+        self._tell_active()  # before the snapshot is asked for: the peer publishes from then on
         if peers:
             peers[0].writer.write(frame({"t": "snapshot?", "for": worker.index}))  # type: ignore[union-attr]
         else:
@@ -206,37 +319,45 @@ class Supervisor:
                         target.writer.write(frame(message))
                 elif kind == "metrics":
                     worker.metrics_port = int(message["port"])
+                elif kind == "final-metrics":  # a retiring worker's last page: its counts stay
+                    self.carried = carried_page([self.carried, str(message["page"])])
         finally:
             if worker.writer is writer:
                 worker.writer = None
                 # What it alone held (its requests in flight) ended with it; its updates are all
                 # forwarded by now, as they came before this on its link.
+                worker.metrics_port = 0
                 for other in self.workers:
                     if other is not worker and other.writer is not None:
                         other.writer.write(frame({"t": "left", "worker": worker.index}))
-                self._cover(worker.index)
+                self._assign()
+                self._tell_active()
                 worker.unlinked.set()
             writer.close()
 
-    # --- a dead worker's proxy socket, accepted on by another ------------------------------------
+    # --- the proxy sockets of workers not serving, accepted on by others ----------------------
 
-    def _cover(self, gone: int) -> None:
-        """Worker `gone` left: its socket, and those it covered, go to a running worker."""
+    def _assign(self) -> None:
+        """Every proxy socket whose worker is not serving (down, starting, retiring, or not wanted)
+        is accepted on by a serving worker, so no connection waits in its queue; a worker back
+        serving takes its socket back from whoever covered it."""
         if not self.sockets or self.stopping:
             return
-        running = [w for w in self.workers if w.writer is not None and w.index != gone]
-        for sock in [gone, *(s for s, by in self.covered.items() if by == gone)]:
-            self.covered.pop(sock, None)
-            if running:
-                cover = running[sock % len(running)]
-                self.covered[sock] = cover.index
-                cover.writer.write(frame({"t": "accept", "socket": sock}))  # type: ignore[union-attr]
-
-    def _give_back(self, index: int) -> None:
-        """Worker `index` is back: whoever covered its socket stops accepting on it."""
-        cover = self.covered.pop(index, None)
-        if cover is not None and self.workers[cover].writer is not None:
-            self.workers[cover].writer.write(frame({"t": "release", "socket": index}))  # type: ignore[union-attr]
+        serving = self._serving()
+        for index in range(len(self.sockets)):
+            owner, cover = self.workers[index], self.covered.get(index)
+            if owner in serving or (cover is not None and self.workers[cover] in serving):
+                if owner in serving and cover is not None:
+                    del self.covered[index]
+                    self._tell(self.workers[cover], {"t": "release", "socket": index})
+                continue
+            if cover is not None:
+                del self.covered[index]
+                self._tell(self.workers[cover], {"t": "release", "socket": index})
+            if serving:
+                chosen = serving[index % len(serving)]
+                self.covered[index] = chosen.index
+                self._tell(chosen, {"t": "accept", "socket": index})
 
     # --- metrics: the workers' series, merged -------------------------------------------------
 
@@ -291,8 +412,30 @@ class Supervisor:
                 except (aiohttp.ClientError, TimeoutError) as e:
                     log.warning("worker %d's metrics could not be read: %s", worker.index, e)
         registry = CollectorRegistry()
-        registry.register(MergedPages(pages))
+        registry.register(MergedPages([*pages, self.carried]))
+        registry.register(WorkerCount(self))
         return bytes(generate_latest(registry))
+
+
+class WorkerCount(Collector):
+    """The supervisor's own series: how many workers serve, how many may, and how often the count
+    followed the load."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+
+    def collect(self) -> Any:
+        supervisor = self.supervisor
+        serving = GaugeMetricFamily("epick_workers_serving", "Worker processes serving now")
+        serving.add_metric([], len(supervisor._serving()))
+        most = GaugeMetricFamily("epick_workers_max", "The most worker processes that may serve (--workers)")
+        most.add_metric([], len(supervisor.workers))
+        scaled = CounterMetricFamily(
+            "epick_workers_scaled", "Workers started or retired as the load changed", labels=["direction"]
+        )
+        for direction, count in supervisor.scaled.items():
+            scaled.add_metric([direction], count)
+        yield from (serving, most, scaled)
 
 
 def _one_certificate(settings: Settings, tmp: Path) -> Settings:
