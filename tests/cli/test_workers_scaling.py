@@ -1,6 +1,6 @@
 """`epick serve --workers 2` (`--min-workers 1`): one worker while it keeps up, a second while it is
-busy, and back to one when the load falls, answering every request throughout and keeping every
-count on the merged /metrics page."""
+busy (taking kept-alive clients too), and back to one when the load falls, answering every request
+throughout and keeping every count on the merged /metrics page."""
 
 from __future__ import annotations
 
@@ -60,9 +60,10 @@ async def test_a_second_worker_serves_while_the_first_is_busy_and_retires_after(
     running = asyncio.ensure_future(supervisor.run())
     url, metrics = f"http://127.0.0.1:{port}/v1/completions", f"http://127.0.0.1:{metrics_port}/metrics"
     sent, answered_by = 0, set()
-    connector = aiohttp.TCPConnector(force_close=True)  # fresh connections: the kernel spreads them
     try:
-        async with aiohttp.ClientSession(connector=connector) as session:
+        # Kept-alive connections, as clients keep them: the second worker gets its share only because
+        # the first closes them after their next response once it serves (`HTTPServer.shed`).
+        async with aiohttp.ClientSession() as session:
 
             async def ask(i: int) -> None:
                 nonlocal sent

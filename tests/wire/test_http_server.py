@@ -263,3 +263,29 @@ async def test_a_drained_stop_delivers_a_whole_reply_to_a_slow_reader(
     await stopping
     writer.close()
     assert received == size
+
+
+async def test_shed_connections_close_after_their_next_response_saying_so(
+    serve: Callable[..., Awaitable[HTTPServer]],
+) -> None:
+    server = await serve()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(b"GET /one HTTP/1.1\r\nhost: x\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert b"connection: close" not in head.lower()
+        await reader.readexactly(int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
+        server.shed()
+        writer.write(b"GET /two HTTP/1.1\r\nhost: x\r\n\r\n")
+        rest = await asyncio.wait_for(reader.read(), 5)  # to the close
+        [(head, body)] = responses(rest)
+        assert head.startswith(b"HTTP/1.1 200") and b"connection: close" in head.lower()
+        assert body == b"GET /two 0"
+    finally:
+        writer.close()
+    # A connection opened after the shedding is kept alive as usual.
+    raw = await exchange(
+        server.port,
+        b"GET /three HTTP/1.1\r\nhost: x\r\n\r\nGET /four HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    assert [body for _, body in responses(raw)] == [b"GET /three 0", b"GET /four 0"]

@@ -101,6 +101,14 @@ class HTTPServer:
             started.add_done_callback(_report_failure)
             self._adopted[key] = started
 
+    def shed(self) -> None:
+        """Every open connection closes after its next response, which says so (`connection:
+        close`): its client connects again, and the kernel may hand the new connection to another
+        listening socket (`epick serve --workers`: a worker just started gets its share of clients
+        that keep their connections alive). Nothing in flight is cut."""
+        for conn in self.connections:
+            conn.shed = True
+
     def stop_accepting(self, key: int) -> None:
         """No more connections from `key`'s socket; those accepted from it are served to their end."""
         adopted = self._adopted.pop(key, None)
@@ -174,6 +182,7 @@ class _Connection(asyncio.Protocol):
         self.queue: list[Request] = []
         self.task: asyncio.Task[None] | None = None
         self.closed = False
+        self.shed = False  # close after the next response (`HTTPServer.shed`)
         self._url = b""
         self._pairs: list[tuple[str, str]] = []
         self._parsing: Request | None = None  # the request whose body is arriving

@@ -73,8 +73,19 @@ async def run_worker(settings: Settings, role: Role) -> None:
         shared={SHARED_METRICS: SharedMetrics(service.datastore, service.scrapers)},
         lazy=frozenset({SHARED_METRICS}),
     )
-    # The hub says which of the serving workers this one is (they follow the load): the turns to scrape.
-    link.on_active = lambda position, count: service.scrapers.set_share((position, count))
+    serving = 0
+
+    def active(position: int, count: int) -> None:
+        """The hub says which of the serving workers this one is (they follow the load): its turns to
+        scrape; and when more serve than before, its clients' kept-alive connections close after
+        their next response, so that the kernel spreads them again, over the new worker too."""
+        nonlocal serving
+        service.scrapers.set_share((position, count))
+        if count > serving > 0 and service.proxy is not None:
+            service.proxy.server.shed()
+        serving = count
+
+    link.on_active = active
     stopped = await until_stopped()
     retiring = False
 
