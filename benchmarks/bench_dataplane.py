@@ -422,6 +422,8 @@ def start_fronts(
     variants: list[tuple[str, list[str]]] = [
         ("epick proxy default", ["--workers", "1"]),
         ("epick proxy default (2 workers)", ["--workers", "2", "--min-workers", "2"]),
+        # Starts with one; a second joins once the first is busy (and retires after 30 idle seconds).
+        ("epick proxy default (up to 2 workers)", ["--workers", "2"]),
         (
             "epick proxy round-robin",
             ["--workers", "1", "--config-file", str(ROOT / "config" / "round-robin.yaml")],

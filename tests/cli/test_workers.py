@@ -613,7 +613,7 @@ async def test_a_dead_workers_socket_and_those_it_covered_go_to_running_workers(
     supervisor.sockets = [object(), object(), object()]  # type: ignore[list-item]
     links = [Link(), Link(), Link()]
     for worker, link in zip(supervisor.workers, links, strict=True):
-        worker.writer, worker.wanted = link, True  # type: ignore[assignment]
+        worker.writer, worker.wanted, worker.ready = link, True, True  # type: ignore[assignment]
     supervisor.workers[0].writer = None
     supervisor._assign()
     assert supervisor.covered == {0: 1} and links[1].sent == [{"t": "accept", "socket": 0}]
@@ -653,17 +653,51 @@ async def test_a_retiring_workers_socket_goes_to_a_serving_worker_before_it_is_t
     supervisor.sockets = [object(), object(), object()]  # type: ignore[list-item]
     sent: list[tuple[int, dict[str, object]]] = []
     for worker in supervisor.workers[:2]:
-        worker.writer, worker.wanted = Link(sent, worker.index), True  # type: ignore[assignment]
+        worker.writer, worker.wanted, worker.ready = Link(sent, worker.index), True, True  # type: ignore[assignment]
     supervisor._assign()
     assert supervisor.covered == {2: 0}  # never started: worker 0 accepts on its socket
     sent.clear()
     supervisor._retire(0.1)
     assert sent == [
         (0, {"t": "accept", "socket": 1}),
-        (0, {"t": "active", "position": 0, "count": 1}),
+        (0, {"t": "active", "position": 0, "count": 1, "linked": 2}),
+        (1, {"t": "active", "position": -1, "count": 1, "linked": 2}),  # draining: no turns
         (1, {"t": "retire"}),
     ]
     assert supervisor.covered == {1: 0, 2: 0} and supervisor.scaled == {"up": 0, "down": 1}
+
+
+def test_the_sockets_are_spread_evenly_over_the_serving_workers() -> None:
+    """Eight sockets: one worker serving accepts on all; as workers join, covered sockets move to
+    them until no worker accepts on more than one socket more than another."""
+    import msgpack
+
+    from epick.proxy.server import ProxyOptions
+    from epick.service import Settings
+    from epick.service.workers import Supervisor
+
+    class Link:
+        def write(self, data: bytes) -> None:
+            msgpack.unpackb(data[5:])
+
+    settings = Settings(proxy=ProxyOptions(host="127.0.0.1", port=0), metrics_port=None)
+    supervisor = Supervisor(settings, 8, least=1)
+    supervisor.sockets = [object()] * 8  # type: ignore[list-item]
+
+    def shares() -> list[int]:
+        serving = supervisor._serving()
+        return sorted(1 + sum(by == w.index for by in supervisor.covered.values()) for w in serving)
+
+    for joined in range(1, 9):
+        worker = supervisor.workers[joined - 1]
+        worker.writer, worker.wanted, worker.ready = Link(), True, True  # type: ignore[assignment]
+        supervisor._assign()
+        assert sum(shares()) == 8 and max(shares()) - min(shares()) <= 1, (joined, shares())
+    assert supervisor.covered == {}
+    for leaving in range(7, 0, -1):  # retired, last first
+        supervisor.workers[leaving].wanted = False
+        supervisor._assign()
+        assert sum(shares()) == 8 and max(shares()) - min(shares()) <= 1, (leaving, shares())
 
 
 def test_a_worker_that_ran_healthy_restarts_after_the_first_backoff() -> None:

@@ -52,6 +52,23 @@ def test_nothing_moves_while_a_change_settles() -> None:
     assert decision.sample(2, 1.8, 1.0, now=6) == +1
 
 
+def test_no_worker_starts_while_none_could_and_the_count_restarts_after_a_skipped_sample() -> None:
+    decision = ScalingDecision(POLICY, least=1, most=2)
+    # busy, but the worker that retired last is still draining: no start, and the streak is not kept
+    assert [decision.sample(1, 0.9, 1.0, now=t, room=False) for t in (0, 1, 2)] == [0, 0, 0]
+    assert decision.sample(1, 0.9, 1.0, now=3) == 0  # one busy sample with room: not two yet
+    decision.restart()  # a sample skipped (a worker starting)
+    assert [decision.sample(1, 0.9, 1.0, now=t) for t in (4, 5)] == [0, +1]
+
+
+def test_a_started_worker_serving_settles_the_count_again() -> None:
+    decision = ScalingDecision(POLICY, least=1, most=3)
+    assert [decision.sample(1, 0.9, 1.0, now=t) for t in (0, 1)] == [0, +1]
+    decision.settle(4.0)  # the started worker serves at 4 s: nothing moves before 9 s
+    assert [decision.sample(2, 1.8, 1.0, now=t) for t in (6, 7, 8)] == [0, 0, 0]
+    assert decision.sample(2, 1.8, 1.0, now=9) == +1
+
+
 def test_a_sample_over_no_time_or_no_workers_decides_nothing() -> None:
     decision = ScalingDecision(POLICY, least=1, most=2)
     assert decision.sample(0, 5.0, 1.0, now=0) == 0
@@ -63,6 +80,7 @@ def test_a_sample_over_no_time_or_no_workers_decides_nothing() -> None:
     [
         (WorkerScaling(up_cpu=0.3, down_cpu=0.3), "must be below up_cpu"),
         (WorkerScaling(sample_s=0), "sample period must be positive"),
+        (WorkerScaling(settle_s=-1), "settle time cannot be negative"),
         (WorkerScaling(up_samples=0), "at least 1"),
     ],
 )
@@ -130,3 +148,78 @@ def test_a_retired_workers_counters_and_histograms_are_carried_and_its_gauges_dr
         ("latency_seconds_count", ()): 6.0,
         ("latency_seconds_sum", ()): 9.0,
     }
+
+
+async def test_a_retiring_or_gone_workers_counts_are_never_lost_or_counted_twice() -> None:
+    """The merged page: a retiring worker whose /metrics closed stands in with its last page; its
+    last page, once it arrives, replaces it; one arriving while the pages are read is not counted
+    twice; a worker that dies leaves its counts as last read; a page that is not one is skipped."""
+    from collections.abc import Callable
+
+    from aiohttp import web
+
+    from epick.proxy.server import ProxyOptions
+    from epick.service.workers import Supervisor
+
+    def page(requests: int) -> str:
+        return WORKER_PAGE.replace(
+            'requests_total{model="m"} 7.0', f'requests_total{{model="m"}} {requests}.0'
+        )
+
+    settings = Settings(proxy=ProxyOptions(host="127.0.0.1", port=0), metrics_port=None)
+    supervisor = Supervisor(settings, 2, least=1)
+    served: dict[int, str] = {0: page(5), 1: page(3)}
+    while_read: list[Callable[[], None]] = []  # what happens while worker 0's page is read
+
+    def app(index: int) -> web.Application:
+        async def metrics(request: web.Request) -> web.Response:
+            if index == 0:
+                for act in while_read:
+                    act()
+                while_read.clear()
+            if index not in served:
+                return web.Response(status=503, text="503: draining")
+            return web.Response(text=served[index])
+
+        application = web.Application()
+        application.router.add_get("/metrics", metrics)
+        return application
+
+    class Link:
+        def write(self, data: bytes) -> None:
+            pass
+
+    runners = []
+    try:
+        for worker in supervisor.workers:
+            runner = web.AppRunner(app(worker.index))
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            runners.append(runner)
+            worker.writer, worker.wanted, worker.ready = Link(), True, True  # type: ignore[assignment]
+            worker.metrics_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+        async def total() -> float:
+            text = (await supervisor._metrics_page()).decode()
+            families = text_string_to_metric_families(text)
+            return sum(s.value for f in families for s in f.samples if s.name == "requests_total")
+
+        assert await total() == 8
+        # Worker 1 retires: its /metrics answers no page while it drains; its last page stands in.
+        supervisor.workers[1].wanted = False
+        del served[1]
+        assert await total() == 8
+        # Its last page (4 by then) arrives while worker 0's page is read: counted once.
+        retired = supervisor.workers[1]
+        while_read.append(lambda: supervisor._carry(retired, page(4)))
+        assert await total() == 5 + 4
+        retired.metrics_port = 0  # as the hub sets it with the last page
+        assert await total() == 9
+        # Worker 0 dies: what it counted as last read stays.
+        supervisor._carry(supervisor.workers[0], supervisor.workers[0].last_page)
+        supervisor.workers[0].metrics_port = 0
+        assert await total() == 9
+    finally:
+        for runner in runners:
+            await runner.cleanup()

@@ -100,6 +100,26 @@ async def test_grpc_clients_stream_both_ways_on_many_streams_at_once() -> None:
             assert got == [f"{i}-{j}".encode() * (j + 1) for j in range(3)]
 
 
+async def test_shed_connections_finish_their_streams_and_the_client_reconnects() -> None:
+    async with serving() as (server, port, _log), grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        echo = stream_stream(channel, ECHO)
+        open_call = echo()
+        await open_call.write(b"before")
+        assert await open_call.read() == b"before"
+        [first] = server.connections
+        server.shed()  # GOAWAY: the open stream goes on, new ones go over a new connection
+        await open_call.write(b"during")
+        assert await open_call.read() == b"during"
+        await open_call.done_writing()
+        assert await open_call.code() == grpc.StatusCode.OK
+        later = echo()
+        await later.write(b"after")
+        assert await later.read() == b"after"
+        await later.done_writing()
+        assert await later.code() == grpc.StatusCode.OK
+        assert first not in server.connections and len(server.connections) == 1
+
+
 async def test_a_message_larger_than_every_window_crosses_both_ways() -> None:
     # 3 MiB: more than grpc's client window and the default frame size, in both directions.
     big = bytes(range(256)) * (3 * 4096)

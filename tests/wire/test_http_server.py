@@ -289,3 +289,29 @@ async def test_shed_connections_close_after_their_next_response_saying_so(
         b"GET /three HTTP/1.1\r\nhost: x\r\n\r\nGET /four HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
     )
     assert [body for _, body in responses(raw)] == [b"GET /three 0", b"GET /four 0"]
+
+
+async def test_shedding_never_leaves_a_pipelined_request_unanswered(
+    serve: Callable[..., Awaitable[HTTPServer]],
+) -> None:
+    release = asyncio.Event()
+
+    async def slow_first(request: Request, reply: Reply) -> None:
+        if request.target == "/a":
+            await release.wait()
+        await echo(request, reply)
+
+    server = await serve(slow_first)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(b"".join(f"GET /{p} HTTP/1.1\r\nhost: x\r\n\r\n".encode() for p in "abc"))
+        await writer.drain()
+        await wait_until(lambda: any(len(c.queue) == 2 for c in server.connections), what="b and c queued")
+        server.shed()  # while /a is answered, /b and /c wait behind it
+        release.set()
+        raw = await asyncio.wait_for(reader.read(), 5)  # to the close
+    finally:
+        writer.close()
+    answered = responses(raw)
+    assert [body for _, body in answered] == [b"GET /a 0", b"GET /b 0", b"GET /c 0"]
+    assert [b"connection: close" in head.lower() for head, _ in answered] == [False, False, True]

@@ -192,7 +192,9 @@ def settings_from_flags(
         idle_scrape_interval=flags.number("idle-scrape-interval"),
         pool_name=pool or "epick",
         workers=epp_workers(
-            flags.integer("workers"), leader_election=flags.boolean("ha-enable-leader-election")
+            flags.integer("workers"),
+            leader_election=flags.boolean("ha-enable-leader-election"),
+            least=flags.integer("min-workers"),
         ),
         min_workers=flags.integer("min-workers"),
         drain_timeout=flags.number("drain-timeout"),
@@ -212,15 +214,16 @@ def settings_from_flags(
     )
 
 
-def epp_workers(asked: int, *, leader_election: bool) -> int | None:
-    """Worker processes: as asked; else bounded by the container's CPU limit (None: the service's
-    default up to it), and one where there is no limit (the node's cores are not this pod's) or with
-    leader election (one replica, one Lease holder)."""
+def epp_workers(asked: int, *, leader_election: bool, least: int = 1) -> int | None:
+    """The most worker processes: as asked; else bounded by the container's CPU limit (None: the
+    service's default up to it), and one where there is no limit (the node's cores are not this
+    pod's) or with leader election (one replica, one Lease holder). `least`: `--min-workers`."""
     if asked < 0:
         raise EppError(f"--workers must be at least 0 (got {asked})")
     if leader_election:
-        if asked > 1:
-            raise EppError("--ha-enable-leader-election runs in one worker process: give --workers 1 or none")
+        if asked > 1 or least > 1:
+            flag = "--workers" if asked > 1 else "--min-workers"
+            raise EppError(f"--ha-enable-leader-election runs in one worker process: give {flag} 1 or none")
         return 1
     if asked:
         return asked

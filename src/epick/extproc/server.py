@@ -260,6 +260,12 @@ class ExtProcServer:
         """Stopping: readiness answers NOT_SERVING (a gateway stops sending streams)."""
         self.health.update(draining=True)
 
+    def shed(self) -> None:
+        """The gateways' connections get GOAWAY: their open streams finish, and new ones come over
+        new connections (`epick serve --workers`: spread over every worker again)."""
+        if self._server is not None:
+            self._server.shed()
+
     async def stop(self, drain: float = 1.0) -> None:
         """Stop serving within `drain` seconds: first, with `drain_quiet`, go on serving (at least
         `drain_floor`) until no ext_proc stream has been open for that long; then stop listening and

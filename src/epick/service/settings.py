@@ -32,14 +32,16 @@ class WorkerScaling:
     up_cpu: float = 0.6
     down_cpu: float = 0.25
     sample_s: float = 1.0
-    up_samples: int = 2
+    up_samples: int = 3
     down_samples: int = 30
     settle_s: float = 5.0
 
     def check(self) -> None:
         """Raise ValueError naming a threshold that cannot work."""
-        if self.sample_s <= 0 or self.settle_s < 0:
+        if self.sample_s <= 0:
             raise ValueError(f"worker scaling: the sample period must be positive (got {self.sample_s:g}s)")
+        if self.settle_s < 0:
+            raise ValueError(f"worker scaling: the settle time cannot be negative (got {self.settle_s:g}s)")
         if self.up_samples < 1 or self.down_samples < 1:
             raise ValueError("worker scaling: up_samples and down_samples must be at least 1")
         if not 0 <= self.down_cpu < self.up_cpu:

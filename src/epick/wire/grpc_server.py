@@ -80,6 +80,12 @@ class GrpcServer:
         self._servers.append(server)
         return int(server.sockets[0].getsockname()[1])
 
+    def shed(self) -> None:
+        """GOAWAY on every connection: no new streams on it, those open finish, and the client opens
+        a new connection (`epick serve --workers`: which the kernel may hand to another worker)."""
+        for conn in list(self.connections):
+            conn.go_away()
+
     async def stop(self, grace: float = 1.0) -> None:
         """Stop listening, let open calls finish for `grace` seconds, then close every connection."""
         for server in self._servers:

@@ -281,8 +281,9 @@ class Reply:
         self.started = False
         self.finished = False
         # Whether the connection closes after this response (the client asked, or a body was left
-        # unread, or a handler said so, or the server sheds its connections).
-        self.close = not request.keep_alive or conn.shed
+        # unread, or a handler said so, or the server sheds its connections and no request waits
+        # behind this one: a pipelined one would go unanswered).
+        self.close = not request.keep_alive or (conn.shed and conn.nothing_after(request))
 
     def _head(self, status: int, headers: Iterable[tuple[str, str]], length: int | None) -> bytearray:
         out = bytearray(f"HTTP/1.1 {status} {phrase(status)}\r\n".encode())

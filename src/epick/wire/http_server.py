@@ -433,6 +433,10 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def nothing_after(self, request: Request) -> bool:
+        """Whether no request follows `request` on this connection yet (none queued, none arriving)."""
+        return not self.queue and not self._in_head and self._parsing in (None, request)
+
     def close_when_idle(self) -> None:
         """Stopping: close now if no request is being answered or waits (else after it)."""
         if not self.queue and self._parsing is None and (self.task is None or self.task.done()):

@@ -65,7 +65,7 @@ class WorkerLink:
         self._release: Callable[[int], None] | None = None
         # Also told of each update this worker's plugins record (`--shared-state`: other hosts).
         self.tee: Callable[[str, object], None] | None = None
-        # Whether another worker serves: alone, nothing is published (a worker that joins loads a
+        # Whether another worker is linked: alone, nothing is published (a worker that joins loads a
         # snapshot, and the hub says "active" before it asks for one).
         self.peers = True
         # Told this worker's place among those serving, (position, count), as the hub says.
@@ -102,9 +102,10 @@ class WorkerLink:
         for message in early:  # in the order they came: updates that crossed the snapshot included
             self._handle(message)
 
-    def report_metrics(self, port: int) -> None:
-        """Where this worker serves its /metrics (the supervisor merges every worker's)."""
-        self._send(frame({"t": "metrics", "port": port}))
+    def serving(self, metrics_port: int) -> None:
+        """This worker accepts now (its proxy and ext_proc run): the hub gives it its socket and its
+        turns. `metrics_port`: where it serves its /metrics (the supervisor merges every worker's)."""
+        self._send(frame({"t": "serving", "metrics_port": metrics_port}))
 
     def attach(self) -> None:
         """(Again, after a config reload) hand every replicated plugin its publisher. (Plugins that
@@ -267,8 +268,8 @@ class WorkerLink:
                     self._release(index)
         elif kind == "active":
             position, count = int(message["position"]), int(message["count"])
-            self.peers = count > 1
-            if self.on_active is not None:
+            self.peers = int(message["linked"]) > 1
+            if position >= 0 and self.on_active is not None:
                 self.on_active(position, count)
         elif kind == "retire":
             if self.on_retire is not None:

@@ -78,11 +78,15 @@ async def run_worker(settings: Settings, role: Role) -> None:
     def active(position: int, count: int) -> None:
         """The hub says which of the serving workers this one is (they follow the load): its turns to
         scrape; and when more serve than before, its clients' kept-alive connections close after
-        their next response, so that the kernel spreads them again, over the new worker too."""
+        their next response, and its gateways' gRPC connections get GOAWAY (their open streams
+        finish), so that the kernel spreads the new connections over the new worker too."""
         nonlocal serving
         service.scrapers.set_share((position, count))
-        if count > serving > 0 and service.proxy is not None:
-            service.proxy.server.shed()
+        if count > serving > 0:
+            if service.proxy is not None:
+                service.proxy.server.shed()
+            if service.extproc is not None:
+                service.extproc.shed()
         serving = count
 
     link.on_active = active
@@ -107,7 +111,7 @@ async def run_worker(settings: Settings, role: Role) -> None:
             lambda i: server.accept_also(i, socket.socket(fileno=os.dup(fds[i]))),
             server.stop_accepting,
         )
-    link.report_metrics(service.metrics_bound_port)
+    link.serving(service.metrics_bound_port)  # accepting: its socket and turns from now on
 
     def reload() -> None:
         if service.reload():

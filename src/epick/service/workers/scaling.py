@@ -9,11 +9,16 @@ worker's CPU time from /proc every `sample_s` (no system call in the workers, no
 
 - Up: the running workers averaged at least `up_cpu` of a core over `up_samples` samples in a row.
 - Down: over `down_samples` samples in a row, the running workers' CPU would have kept one worker
-  fewer at no more than `down_cpu` of a core each. `down_cpu` below half of `up_cpu` keeps a retirement
-  from calling for the worker back at once.
-- After a change nothing moves for `settle_s`: a new worker starts (imports, config, snapshot) on CPU
-  of its own, and the load takes a moment to spread over it (new connections only: the kernel hands
-  each to one worker's socket).
+  fewer at no more than `down_cpu` of a core each. With `down_cpu` below `up_cpu`, the workers left
+  after a retirement are not busy at once.
+- After a change nothing moves for `settle_s`, counted again from when a started worker serves: a
+  new worker starts (imports, config, snapshot) on CPU of its own, and the load takes a moment to
+  spread over it (the others close their clients' kept-alive connections after the next response,
+  and the kernel spreads the new ones over every worker's socket).
+- Only serving workers are sampled: while one starts, samples in a row count again from its start.
+
+The busiest worker is not a trigger of its own: a gateway that keeps one connection to the EPP sends
+it all to one worker, however many run.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ PROC = Path("/proc")
 
 
 class ScalingDecision:
-    """The count to run from CPU samples: `sample` takes the running workers' CPU seconds over the
+    """The count to run from CPU samples: `sample` takes the serving workers' CPU seconds over the
     last `elapsed` seconds and answers +1, -1 or 0."""
 
     def __init__(self, policy: WorkerScaling, least: int, most: int) -> None:
@@ -37,26 +42,35 @@ class ScalingDecision:
         self._spare = 0  # samples in a row that one worker fewer could have carried
         self._settled_at = -float("inf")
 
-    def sample(self, running: int, cpu_s: float, elapsed: float, now: float) -> int:
+    def sample(self, running: int, cpu_s: float, elapsed: float, now: float, *, room: bool = True) -> int:
+        """`room`: whether a worker could start now (the last one retired may still be draining)."""
         policy = self.policy
         if running < 1 or elapsed <= 0:
             return 0
         cores = cpu_s / elapsed
-        self._busy = self._busy + 1 if running < self.most and cores / running >= policy.up_cpu else 0
+        can_add = room and running < self.most
+        self._busy = self._busy + 1 if can_add and cores / running >= policy.up_cpu else 0
         fewer = running - 1
         self._spare = self._spare + 1 if running > self.least and cores <= policy.down_cpu * fewer else 0
         if now - self._settled_at < policy.settle_s:
             return 0
         if self._busy >= policy.up_samples:
-            return self._moved(now, +1)
+            self.settle(now)
+            return +1
         if self._spare >= policy.down_samples:
-            return self._moved(now, -1)
+            self.settle(now)
+            return -1
         return 0
 
-    def _moved(self, now: float, step: int) -> int:
+    def restart(self) -> None:
+        """Samples in a row count again from the next (one was skipped: a worker is starting)."""
         self._busy = self._spare = 0
+
+    def settle(self, now: float) -> None:
+        """A change took effect at `now` (decided, or a started worker began serving): nothing moves
+        for `settle_s`, and samples in a row count again."""
+        self.restart()
         self._settled_at = now
-        return step
 
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

@@ -55,7 +55,13 @@ class _Worker:
     # Whether it is to run: the first `least` always, the others while the load needs them. A worker
     # no longer wanted drains and exits, and is not started again.
     wanted: bool = False
+    # Linked and accepting (it said "serving" once its proxy and ext_proc run): only then does it
+    # take sockets, scrape turns and count in the load.
+    ready: bool = False
     cpu_s: float | None = None  # its CPU time at the last sample
+    keeper: asyncio.Task[None] | None = None  # `Supervisor._keep`, while it runs
+    finals: int = 0  # the last pages it left when it retired (`Supervisor.carried`)
+    last_page: str = ""  # its /metrics page as last read
     # Set while no link of this worker's is open: its successor starts only once the others have
     # been told it left (else they could drop what the successor publishes).
     unlinked: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
@@ -138,12 +144,13 @@ class Supervisor:
                 await self.stop()
 
     def _spawn(self, worker: _Worker) -> None:
-        self._start(self._keep(worker), f"worker {worker.index}")
+        worker.keeper = self._start(self._keep(worker), f"worker {worker.index}")
 
-    def _start(self, work: Any, name: str) -> None:
+    def _start(self, work: Any, name: str) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(work, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _keep(self, worker: _Worker) -> None:
         """Run the worker; start it again whenever it exits, until the supervisor stops or the
@@ -162,6 +169,7 @@ class Supervisor:
                 args += ["--proxy-fds", ",".join(map(str, fds))]
             loop = asyncio.get_running_loop()
             started = loop.time()
+            worker.cpu_s = None  # a new process: its CPU counts from its first sample
             worker.process = await asyncio.create_subprocess_exec(*args, pass_fds=fds)
             code = await worker.process.wait()
             backoff = restart_delay(backoff, loop.time() - started)
@@ -170,6 +178,15 @@ class Supervisor:
             if not worker.wanted:
                 if code != 0:
                     log.error("worker %d exited with status %s while retiring", worker.index, code)
+                return
+            if worker.index >= self.least:
+                # Started for the load: not started again here (a worker that cannot start would
+                # hold the scaling still); the load decides whether another starts.
+                worker.wanted = False
+                log.error(
+                    "worker %d exited with status %s; the load decides whether another starts",
+                    worker.index, code,
+                )  # fmt: skip
                 return
             with contextlib.suppress(TimeoutError):  # its last frames are read and forwarded first
                 await asyncio.wait_for(worker.unlinked.wait(), 5)
@@ -183,7 +200,7 @@ class Supervisor:
     # --- following the load -----------------------------------------------------------------
 
     async def _follow_load(self) -> None:
-        """Every `sample_s`: the running workers' CPU since the last sample decides whether one more
+        """Every `sample_s`: the serving workers' CPU since the last sample decides whether one more
         starts or the last one retires (`ScalingDecision`)."""
         loop = asyncio.get_running_loop()
         last = loop.time()
@@ -200,27 +217,30 @@ class Supervisor:
                 else:
                     spent += seen - worker.cpu_s
                 worker.cpu_s = seen
-            starting = any(w.wanted and w.writer is None for w in self.workers)
-            if not complete or starting:
+            if not complete or any(w.wanted and not w.ready for w in self.workers):
+                self.decision.restart()  # a worker is starting: samples in a row count from its start
                 continue
-            step = self.decision.sample(len(running), spent, elapsed, now)
+            step = self.decision.sample(len(running), spent, elapsed, now, room=self._idle() is not None)
             if step > 0:
                 self._add(spent / elapsed)
             elif step < 0:
                 self._retire(spent / elapsed)
 
+    def _idle(self) -> _Worker | None:
+        """The first worker that may start: not wanted, its last process gone and its link closed."""
+        for worker in self.workers:
+            done = worker.keeper is None or worker.keeper.done()
+            if not worker.wanted and done and worker.unlinked.is_set():
+                return worker
+        return None
+
     def _add(self, cores: float) -> None:
-        idle = [
-            w
-            for w in self.workers
-            if not w.wanted and (w.process is None or w.process.returncode is not None)
-        ]
-        if not idle:
-            return  # the last one retired is still draining
-        worker = idle[0]
-        worker.wanted, worker.cpu_s = True, None
+        worker = self._idle()
+        if worker is None:
+            return
+        worker.wanted = True
         self.scaled["up"] += 1
-        log.info("starting worker %d: the running workers use %.2f cores", worker.index, cores)
+        log.info("starting worker %d: the serving workers use %.2f cores", worker.index, cores)
         self._spawn(worker)
 
     def _retire(self, cores: float) -> None:
@@ -228,25 +248,29 @@ class Supervisor:
         worker = max((w for w in self.workers if w.wanted), key=lambda w: w.index)
         worker.wanted = False
         self.scaled["down"] += 1
-        log.info("retiring worker %d: the running workers use %.2f cores", worker.index, cores)
+        log.info("retiring worker %d: the serving workers use %.2f cores", worker.index, cores)
         self._assign()
         self._tell_active()
         self._tell(worker, {"t": "retire"})
 
     def _serving(self) -> list[_Worker]:
-        """The workers that are to run and are linked to the hub (serving, or about to)."""
-        return [w for w in self.workers if w.wanted and w.writer is not None]
+        """The workers that are to run, linked to the hub and accepting."""
+        return [w for w in self.workers if w.wanted and w.ready and w.writer is not None]
 
     def _tell(self, worker: _Worker, message: dict[str, Any]) -> None:
         if worker.writer is not None:
             worker.writer.write(frame(message))
 
     def _tell_active(self) -> None:
-        """Each serving worker's place among them: their turns to scrape, and whether anyone hears
-        their updates (a worker alone publishes none)."""
+        """Each linked worker: its place among those serving (-1: none, it is starting or retiring),
+        their number (their turns to scrape) and how many are linked (a worker alone publishes
+        nothing; one that joins makes the others publish before they answer its snapshot)."""
         serving = self._serving()
-        for position, worker in enumerate(serving):
-            self._tell(worker, {"t": "active", "position": position, "count": len(serving)})
+        linked = [w for w in self.workers if w.writer is not None]
+        for worker in linked:
+            position = serving.index(worker) if worker in serving else -1
+            message = {"t": "active", "position": position, "count": len(serving), "linked": len(linked)}
+            self._tell(worker, message)
 
     def _reload(self) -> None:
         for worker in self.workers:
@@ -289,13 +313,14 @@ class Supervisor:
             return
         worker = self.workers[int(hello["worker"])]
         # Joined first, then the snapshot: updates that cross it are applied on top of it.
-        # A peer that serves answers first (one retiring may be gone before its snapshot leaves).
+        # A peer that serves answers first (one starting may not have loaded its own snapshot yet,
+        # one retiring may be gone before its snapshot leaves).
         peers = sorted(
-            (w for w in self.workers if w.writer is not None and w is not worker), key=lambda w: not w.wanted
+            (w for w in self.workers if w.writer is not None and w is not worker),
+            key=lambda w: (not (w.wanted and w.ready), w.index),
         )
-        worker.writer = writer
+        worker.writer, worker.ready = writer, False
         worker.unlinked.clear()
-        self._assign()
         self._tell_active()  # before the snapshot is asked for: the peer publishes from then on
         if peers:
             peers[0].writer.write(frame({"t": "snapshot?", "for": worker.index}))  # type: ignore[union-attr]
@@ -317,16 +342,22 @@ class Supervisor:
                     target = self.workers[int(message["for"])]
                     if target.writer is not None:
                         target.writer.write(frame(message))
-                elif kind == "metrics":
-                    worker.metrics_port = int(message["port"])
+                elif kind == "serving":  # its proxy and ext_proc accept: it takes its socket and turns
+                    worker.metrics_port, worker.ready = int(message["metrics_port"]), True
+                    self._assign()
+                    self._tell_active()
+                    self.decision.settle(asyncio.get_running_loop().time())
                 elif kind == "final-metrics":  # a retiring worker's last page: its counts stay
-                    self.carried = carried_page([self.carried, str(message["page"])])
+                    self._carry(worker, str(message["page"]))
+                    worker.metrics_port = 0
         finally:
             if worker.writer is writer:
-                worker.writer = None
+                worker.writer, worker.ready = None, False
                 # What it alone held (its requests in flight) ended with it; its updates are all
                 # forwarded by now, as they came before this on its link.
                 worker.metrics_port = 0
+                if worker.last_page:  # gone without a last page: its counts as last read stay
+                    self._carry(worker, worker.last_page)
                 for other in self.workers:
                     if other is not worker and other.writer is not None:
                         other.writer.write(frame({"t": "left", "worker": worker.index}))
@@ -335,29 +366,53 @@ class Supervisor:
                 worker.unlinked.set()
             writer.close()
 
+    def _carry(self, worker: _Worker, page: str) -> None:
+        """`page`, a worker's last, joins the counts the merged page keeps adding (`carried`)."""
+        self.carried = carried_page([self.carried, page])
+        worker.finals += 1
+        worker.last_page = ""
+
     # --- the proxy sockets of workers not serving, accepted on by others ----------------------
 
     def _assign(self) -> None:
-        """Every proxy socket whose worker is not serving (down, starting, retiring, or not wanted)
+        """Every proxy socket whose worker is not serving (starting, down, retiring, or not wanted)
         is accepted on by a serving worker, so no connection waits in its queue; a worker back
-        serving takes its socket back from whoever covered it."""
+        serving takes its socket back; and the sockets are spread evenly, each serving worker
+        accepting on at most one more than any other (the kernel spreads connections evenly over
+        the sockets, not over the workers)."""
         if not self.sockets or self.stopping:
             return
         serving = self._serving()
-        for index in range(len(self.sockets)):
-            owner, cover = self.workers[index], self.covered.get(index)
-            if owner in serving or (cover is not None and self.workers[cover] in serving):
-                if owner in serving and cover is not None:
-                    del self.covered[index]
-                    self._tell(self.workers[cover], {"t": "release", "socket": index})
-                continue
-            if cover is not None:
+        for index, cover in list(self.covered.items()):
+            if self.workers[index] in serving or self.workers[cover] not in serving:
                 del self.covered[index]
                 self._tell(self.workers[cover], {"t": "release", "socket": index})
-            if serving:
-                chosen = serving[index % len(serving)]
+        if not serving:
+            return
+        load = {w.index: 1 for w in serving}  # its own socket
+        for cover in self.covered.values():
+            load[cover] += 1
+
+        def lightest() -> _Worker:
+            return min(serving, key=lambda w: (load[w.index], w.index))
+
+        for index in range(len(self.sockets)):
+            if self.workers[index] not in serving and index not in self.covered:
+                chosen = lightest()
                 self.covered[index] = chosen.index
+                load[chosen.index] += 1
                 self._tell(chosen, {"t": "accept", "socket": index})
+        while True:
+            heaviest = max(serving, key=lambda w: (load[w.index], -w.index))
+            light = lightest()
+            if load[heaviest.index] - load[light.index] <= 1:
+                return
+            index = max(i for i, by in self.covered.items() if by == heaviest.index)
+            self.covered[index] = light.index
+            load[heaviest.index] -= 1
+            load[light.index] += 1
+            self._tell(heaviest, {"t": "release", "socket": index})
+            self._tell(light, {"t": "accept", "socket": index})
 
     # --- metrics: the workers' series, merged -------------------------------------------------
 
@@ -400,17 +455,26 @@ class Supervisor:
         return web.json_response({**page, "workers": workers})
 
     async def _metrics_page(self) -> bytes:
-        pages: list[str] = []
+        read: list[tuple[_Worker, int, str]] = []
         timeout = aiohttp.ClientTimeout(total=5)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             for worker in self.workers:
                 if not worker.metrics_port:
                     continue
+                finals = worker.finals
                 try:
                     async with session.get(f"http://127.0.0.1:{worker.metrics_port}/metrics") as r:
-                        pages.append(await r.text())
+                        r.raise_for_status()
+                        worker.last_page = await r.text()
                 except (aiohttp.ClientError, TimeoutError) as e:
-                    log.warning("worker %d's metrics could not be read: %s", worker.index, e)
+                    if worker.writer is None or worker.wanted or not worker.last_page:
+                        log.warning("worker %d's metrics could not be read: %s", worker.index, e)
+                        continue
+                    # Retiring: its /metrics closed as it drained; its last page stands in until
+                    # the page it leaves arrives (a counter that went down would read as a reset).
+                read.append((worker, finals, worker.last_page))
+        # A worker whose last page arrived while the pages were read is in `carried` now: not twice.
+        pages = [page for worker, finals, page in read if worker.finals == finals]
         registry = CollectorRegistry()
         registry.register(MergedPages([*pages, self.carried]))
         registry.register(WorkerCount(self))
