@@ -484,6 +484,33 @@ async def test_metrics_honours_name_filters_as_prometheus_client_does(
         assert len(await r.text()) > 5 * len(text)
 
 
+async def test_a_filtered_page_runs_only_the_collectors_it_asks_for(
+    make_server: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    """As prometheus_client's exposition answers vLLM's scrapes: a page of six samples does not
+    build the rest (the server's cost of being watched)."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    calls: list[int] = []
+
+    class Spy:
+        def describe(self) -> list[GaugeMetricFamily]:
+            return [GaugeMetricFamily("spy_gauge", "a spy")]
+
+        def collect(self) -> list[GaugeMetricFamily]:
+            calls.append(1)
+            return [GaugeMetricFamily("spy_gauge", "a spy", value=1.0)]
+
+    server = await make_server(model="m1")
+    server.metrics.registry.register(Spy())  # type: ignore[arg-type]
+    async with http.get(f"{server.url}/metrics?name[]=vllm:num_requests_waiting") as r:
+        assert "vllm:num_requests_waiting" in await r.text()
+    assert calls == []
+    async with http.get(f"{server.url}/metrics") as r:
+        assert "spy_gauge 1.0" in await r.text()
+    assert calls == [1]
+
+
 async def test_metrics_names_types_and_labels(
     make_server: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
