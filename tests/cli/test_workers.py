@@ -769,3 +769,27 @@ def test_serve_refuses_a_worker_count_that_is_not_one(value: str, capsys: pytest
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--endpoints", "127.0.0.1:1", "--workers", value])
     assert "--workers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [("0", "min-workers must be at least 1 (got 0)"), ("auto", "expected a number of workers, got 'auto'")],
+)
+def test_serve_refuses_a_least_worker_count_that_is_not_one(
+    value: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from epick.cli.main import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--endpoints", "127.0.0.1:1", "--min-workers", value])
+    assert says in capsys.readouterr().err
+
+
+def test_epp_with_leader_election_refuses_more_than_one_worker_by_name() -> None:
+    from epick.cli.epp import EppError, epp_workers
+
+    assert epp_workers(0, leader_election=True) == 1
+    with pytest.raises(EppError, match="give --min-workers 1 or none"):
+        epp_workers(0, leader_election=True, least=2)
+    with pytest.raises(EppError, match="give --workers 1 or none"):
+        epp_workers(3, leader_election=True)

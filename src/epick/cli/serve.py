@@ -220,25 +220,21 @@ def _service_flags(p: argparse.ArgumentParser) -> None:
 
 def _workers_least(text: str) -> int:
     """`--min-workers`: a count of at least 1."""
-    try:
-        count = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of workers, got {text!r}") from None
-    if count < 1:
-        raise argparse.ArgumentTypeError(f"min-workers must be at least 1 (got {count})")
-    return count
+    return _at_least_one(text, "min-workers", "a number of workers")
 
 
 def _workers(text: str) -> int | None:
     """`--workers`: a count of at least 1, or "auto" (None: the service's choice)."""
-    if text == "auto":
-        return None
+    return None if text == "auto" else _at_least_one(text, "workers", "a number of workers or 'auto'")
+
+
+def _at_least_one(text: str, flag: str, expected: str) -> int:
     try:
         count = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of workers or 'auto', got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
     if count < 1:
-        raise argparse.ArgumentTypeError(f"workers must be at least 1 (got {count})")
+        raise argparse.ArgumentTypeError(f"{flag} must be at least 1 (got {count})")
     return count
 
 
