@@ -220,6 +220,14 @@ def _fleet_flags(p: argparse.ArgumentParser) -> None:
         help="how stale the metrics the policy sees are: '50ms', '1s' or seconds (0: fresh every decision)",
     )
     p.add_argument(
+        "--idle-scrape-interval",
+        type=_interval,
+        default="0",
+        help="quiet scraping, as `epick serve --idle-scrape-interval`: a server idle since its last scrape, "
+        "and sent nothing since, is scraped only this often; the run reports the scrapes per server and "
+        "second (epick.simulate.scrapes; what the policy sees is the same). 0: off",
+    )
+    p.add_argument(
         "--engine-profile",
         choices=list(PROFILES),
         default=DEFAULT_PROFILE,
@@ -348,6 +356,7 @@ def _flags_plan(args: argparse.Namespace) -> _Plan:
         max_num_seqs=args.max_num_seqs,
         max_loras=args.max_loras,
         scrape_interval=args.scrape_interval,
+        idle_scrape_interval=args.idle_scrape_interval,
         kv_event_delay=args.kv_event_delay,
         restart_every=args.restart_every,
         restart_downtime=args.restart_downtime,
@@ -384,15 +393,18 @@ def _grid_plan(args: argparse.Namespace) -> _Plan:
         shortfall = workload.shortfall(grid.requests, "requests:") if grid.requests is not None else None
         if shortfall:
             warnings.append(shortfall)
-    try:
-        scrape_interval = _interval(str(grid.scrape_interval))
-    except argparse.ArgumentTypeError as e:
-        raise GridError(f"{args.grid}: scrape_interval: {e}") from None
+    intervals = {}
+    for name in ("scrape_interval", "idle_scrape_interval"):
+        try:
+            intervals[name] = _interval(str(getattr(grid, name)))
+        except argparse.ArgumentTypeError as e:
+            raise GridError(f"{args.grid}: {name}: {e}") from None
     fleet = FleetSpec(
         num_gpu_blocks=grid.num_gpu_blocks,
         max_num_seqs=grid.max_num_seqs,
         max_loras=grid.max_loras,
-        scrape_interval=scrape_interval,
+        scrape_interval=intervals["scrape_interval"],
+        idle_scrape_interval=intervals["idle_scrape_interval"],
         kv_event_delay=grid.kv_event_delay,
         restart_every=grid.restart_every,
         restart_downtime=grid.restart_downtime,

@@ -25,10 +25,11 @@ def finite(value: Any) -> Any:
 def print_table(runs: list[dict[str, Any]]) -> None:
     table = Table(title="epick simulate (virtual time; latencies in seconds)")
     columns = ["policy", "load", "TTFT p50", "p90", "p99", "TPOT p50", "p99", "e2e p50", "out tok/s", "req/s"]
-    columns += ["hit rate", "load CoV", "goodput/s", "done", "failed"]
+    columns += ["hit rate", "load CoV", "goodput/s", "done", "failed", "scrapes/s per server"]
     for col in columns:
         table.add_column(col, justify="right")
     for r in runs:
+        scrapes = r.get("scrapes_per_server_s")
         table.add_row(
             r["policy"],
             f"{r['qps']:g}" if r["qps"] is not None else "trace",
@@ -42,5 +43,6 @@ def print_table(runs: list[dict[str, Any]]) -> None:
             f"{r['goodput']:.2f}",
             str(r["completed"]),
             str(r["failed"]),
+            "per decision" if scrapes is None else f"{scrapes:.1f}",
         )
     Console(width=None if sys.stdout.isatty() else 200).print(table)

@@ -28,6 +28,7 @@ from epick.sim.options import ServerOptions
 from epick.simulate.epick_policy import EpickPolicy
 from epick.simulate.fleet import Arrivals, ClosedLoop, Fleet
 from epick.simulate.report import SLO, summarize
+from epick.simulate.scrapes import scrapes_per_server_s
 from epick.simulate.types import Churn, Policy, SimRequestSpec
 from epick.simulate.workloads import Trace, Workload, build_workload
 
@@ -93,6 +94,7 @@ class FleetSpec:
     max_num_seqs: int | None = None
     max_loras: int | None = None
     scrape_interval: float = 0.05
+    idle_scrape_interval: float = 0.0  # quiet scraping's D (epick.simulate.scrapes); 0: off
     kv_event_delay: float = 0.0
     restart_every: float | None = None
     restart_downtime: float = 0.0
@@ -186,6 +188,9 @@ def _run(cell: Cell, progress: Callable[[], None] | None) -> dict[str, Any]:
         raise NoRequestsError(f"the {cell.workload.kind} workload has no requests")
     run = summarize(
         cell.policy.name, level(cell.arrivals, trace), result, SLO(setup.slo_ttft, setup.slo_tpot)
+    )
+    run["scrapes_per_server_s"] = scrapes_per_server_s(
+        result.records, setup.servers, result.makespan, setup.scrape_interval, setup.idle_scrape_interval
     )
     run.update(
         load_kind="concurrency" if isinstance(cell.arrivals, ClosedLoop) else ("trace" if trace else "qps"),

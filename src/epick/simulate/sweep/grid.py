@@ -108,6 +108,7 @@ class Grid(_Strict):
     metric: str = DEFAULT_METRIC
     # Settings every cell shares, as the command line's flags of the same names.
     scrape_interval: float | str = "50ms"
+    idle_scrape_interval: float | str = 0.0
     num_gpu_blocks: PositiveInt | None = None
     max_num_seqs: PositiveInt | None = None
     max_loras: PositiveInt | None = None
