@@ -80,6 +80,19 @@ async def clients() -> AsyncIterator[list[MetricsClient]]:
         client.close()
 
 
+@pytest.fixture(params=[None, 0.005, 0.0], ids=["as-it-comes", "gathered", "gathered-at-once"])
+def gather(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs with answers read as they come, and gathered (5 ms after the GET, and at the
+    next turn of the loop, which often finds an answer not yet whole)."""
+    original = MetricsClient.__init__
+
+    def init(self: MetricsClient, *args: object, **kw: object) -> None:
+        kw.setdefault("gather_after", request.param)
+        original(self, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(MetricsClient, "__init__", init)
+
+
 def with_length(body: str, extra: str = "") -> bytes:
     data = body.encode()
     return f"HTTP/1.1 200 OK\r\nContent-Length: {len(data)}\r\n{extra}\r\n".encode() + data
@@ -93,6 +106,7 @@ def chunked(*parts: str) -> bytes:
     return out + b"0\r\n\r\n"
 
 
+@pytest.mark.usefixtures("gather")
 async def test_keep_alive_with_content_length(raw_server: StartRaw, clients: list[MetricsClient]) -> None:
     server = await raw_server(lambda n: with_length(f"page {n}"))
     client = MetricsClient("127.0.0.1", server.port, "/metrics", 1.0)
@@ -103,6 +117,7 @@ async def test_keep_alive_with_content_length(raw_server: StartRaw, clients: lis
     assert request.startswith("GET /metrics HTTP/1.1\r\n") and f"Host: 127.0.0.1:{server.port}" in request
 
 
+@pytest.mark.usefixtures("gather")
 async def test_chunked_body(raw_server: StartRaw, clients: list[MetricsClient]) -> None:
     server = await raw_server(lambda n: chunked("vllm:num_requests_waiting ", f"{n}\n", "é"))
     client = MetricsClient("127.0.0.1", server.port, "/metrics", 1.0)
@@ -112,6 +127,7 @@ async def test_chunked_body(raw_server: StartRaw, clients: list[MetricsClient]) 
     assert server.connections == 1
 
 
+@pytest.mark.usefixtures("gather")
 async def test_connection_close_and_close_delimited_bodies_reconnect(
     raw_server: StartRaw, clients: list[MetricsClient]
 ) -> None:
@@ -129,6 +145,7 @@ async def test_connection_close_and_close_delimited_bodies_reconnect(
     assert server.connections == 3
 
 
+@pytest.mark.usefixtures("gather")
 async def test_status_is_returned(raw_server: StartRaw, clients: list[MetricsClient]) -> None:
     server = await raw_server(lambda n: b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nbusy")
     client = MetricsClient("127.0.0.1", server.port, "/metrics", 1.0)
@@ -136,6 +153,7 @@ async def test_status_is_returned(raw_server: StartRaw, clients: list[MetricsCli
     assert await client.get() == (503, "busy")
 
 
+@pytest.mark.usefixtures("gather")
 async def test_not_http_is_an_http_error(raw_server: StartRaw, clients: list[MetricsClient]) -> None:
     server = await raw_server(lambda n: b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
     client = MetricsClient("127.0.0.1", server.port, "/metrics", 1.0)
@@ -144,6 +162,7 @@ async def test_not_http_is_an_http_error(raw_server: StartRaw, clients: list[Met
         await client.get()
 
 
+@pytest.mark.usefixtures("gather")
 async def test_silence_is_a_timeout(raw_server: StartRaw, clients: list[MetricsClient]) -> None:
     server = await raw_server(lambda n: b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort")
     client = MetricsClient("127.0.0.1", server.port, "/metrics", 0.2)
@@ -152,8 +171,94 @@ async def test_silence_is_a_timeout(raw_server: StartRaw, clients: list[MetricsC
         await client.get()
 
 
+@pytest.mark.usefixtures("gather")
 async def test_refused_is_an_os_error(clients: list[MetricsClient]) -> None:
     client = MetricsClient("127.0.0.1", free_port(), "/metrics", 1.0)
     clients.append(client)
     with pytest.raises(OSError):
         await client.get()
+
+
+async def test_gathered_answers_are_read_together_without_watching_the_sockets(
+    raw_server: StartRaw, clients: list[MetricsClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from epick.datalayer import http
+
+    server = await raw_server(lambda n: with_length(f"page {n}"))
+    made = [MetricsClient("127.0.0.1", server.port, "/metrics", 1.0, gather_after=0.05) for _ in range(4)]
+    clients.extend(made)
+    await asyncio.gather(*(c.get() for c in made))  # connected
+    readings: list[int] = []
+    original = http._Gatherer._read
+
+    def read(self: http._Gatherer) -> None:
+        readings.append(len(self.waiting))
+        original(self)
+
+    monkeypatch.setattr(http._Gatherer, "_read", read)
+    watched: list[int] = []
+    loop = asyncio.get_running_loop()
+    monkeypatch.setattr(loop, "add_reader", lambda fd, *a: watched.append(fd))
+    answers = await asyncio.gather(*(c.get() for c in made))
+    assert answers == [(200, "page 1")] * 4
+    assert readings == [4] and watched == []  # one reading for the four; no socket watched
+
+
+async def test_a_gathered_answer_slower_than_the_gathering_is_waited_for(
+    clients: list[MetricsClient],
+) -> None:
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nsl")
+        await writer.drain()
+        await asyncio.sleep(0.05)  # the rest comes well after the gathering (5 ms)
+        writer.write(b"ow page")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(slow, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = MetricsClient("127.0.0.1", port, "/metrics", 1.0, gather_after=0.005)
+    clients.append(client)
+    try:
+        assert await client.get() == (200, "slow page")
+    finally:
+        server.close()
+
+
+async def test_a_gathered_connection_the_server_closed_or_spoke_on_unasked_is_not_reused(
+    clients: list[MetricsClient],
+) -> None:
+    connections = 0
+    answered, spoke = asyncio.Event(), asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(with_length(f"page on {connections}"))
+            await writer.drain()
+            if connections == 2:
+                await answered.wait()
+                writer.write(b"HTTP/1.1 200 OK\r\n")  # a stray head after the answer, nobody asked
+                await writer.drain()
+                spoke.set()
+                await reader.read()
+            elif connections == 3:
+                await reader.read()
+        finally:
+            writer.close()  # the first: kept alive by its headers, closed all the same
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = MetricsClient("127.0.0.1", port, "/metrics", 1.0, gather_after=0.005)
+    clients.append(client)
+    try:
+        assert await client.get() == (200, "page on 1")
+        assert await client.get() == (200, "page on 2")  # closed since: a new connection
+        answered.set()
+        await spoke.wait()
+        assert await client.get() == (200, "page on 3")  # stray bytes since: a new connection
+    finally:
+        server.close()

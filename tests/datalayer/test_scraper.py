@@ -188,7 +188,8 @@ async def test_running_scraper_logs_one_warning_across_many_scrapes(
         fake.page = vllm_page(running=3)
         await wait_until(lambda: ds.is_healthy("garbage"), what="recovery")
         assert ds.snapshot()[0].metrics.running_requests_size == 3
-        assert len(infos_about(caplog, "garbage")) == 1
+        # (A scrape in flight when the page changed may also log that it asks for whole pages now.)
+        assert len([m for m in infos_about(caplog, "garbage") if m.endswith("are back")]) == 1
     finally:
         await scraper.stop()
     assert fake.hits >= 16
