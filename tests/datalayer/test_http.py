@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from epick.datalayer.http import HTTPError, MetricsClient
-from tests.datalayer.pages import free_port
+from tests.datalayer.pages import free_port, wait_until
 
 Answer = Callable[[int], bytes]  # the n-th request on a connection (from 0) -> the raw response
 
@@ -262,3 +262,124 @@ async def test_a_gathered_connection_the_server_closed_or_spoke_on_unasked_is_no
         assert await client.get() == (200, "page on 3")  # stray bytes since: a new connection
     finally:
         server.close()
+
+
+async def test_one_answer_that_breaks_the_reading_fails_its_own_get_alone(
+    raw_server: StartRaw, clients: list[MetricsClient]
+) -> None:
+    good = await raw_server(lambda n: with_length("fine"))
+    bad = await raw_server(lambda n: b"HTTP/1.1 \xc2\xb200 OK\r\nContent-Length: 0\r\n\r\n")  # '²00'
+    made = [MetricsClient("127.0.0.1", port, "/metrics", 1.0, gather_after=0.005)
+            for port in (bad.port, good.port, good.port)]  # fmt: skip
+    clients.extend(made)
+    outcomes = await asyncio.gather(*(c.get() for c in made), return_exceptions=True)
+    assert isinstance(outcomes[0], HTTPError) and "not an HTTP/1.x response" in str(outcomes[0])
+    assert outcomes[1:] == [(200, "fine"), (200, "fine")]
+
+
+async def test_a_host_name_tries_each_of_its_addresses(clients: list[MetricsClient]) -> None:
+    """'localhost' may resolve to ::1 first while the server listens on 127.0.0.1 only."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(with_length("by name"))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = MetricsClient("localhost", port, "/metrics", 1.0, gather_after=0.005)
+    clients.append(client)
+    try:
+        assert await client.get() == (200, "by name")
+    finally:
+        server.close()
+
+
+async def test_closing_a_client_with_a_get_in_flight_fails_that_get_at_once(
+    clients: list[MetricsClient],
+) -> None:
+    answered = asyncio.Event()
+
+    async def late(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                await answered.wait()
+                writer.write(with_length("late"))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(late, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = MetricsClient("127.0.0.1", port, "/metrics", 5.0, gather_after=0.005)
+    clients.append(client)
+    try:
+        pending = asyncio.ensure_future(client.get())
+        await wait_until(lambda: client._gathered is not None and client._gathered.waiter is not None,
+                         what="the GET out")  # fmt: skip
+        assert client._gathered is not None
+        client._gathered.close()  # its connection goes: the GET tries once more, on a new one
+        answered.set()
+        # (Left pending, it would have ended in a TimeoutError after 5 s, with no second try.)
+        assert await pending == (200, "late")
+    finally:
+        server.close()
+
+
+async def test_a_client_whose_server_closes_after_each_answer_reads_as_they_come(
+    raw_server: StartRaw, clients: list[MetricsClient]
+) -> None:
+    server = await raw_server(lambda n: with_length(f"once {n}", "Connection: close\r\n"))
+    client = MetricsClient("127.0.0.1", server.port, "/metrics", 1.0, gather_after=0.005)
+    clients.append(client)
+    assert await client.get() == (200, "once 0")
+    assert client.gather_after is None  # a connection per scrape: through the loop's transport
+    assert await client.get() == (200, "once 0")
+    assert server.connections == 2
+
+
+async def test_a_large_gathered_page_is_read_whole(
+    raw_server: StartRaw, clients: list[MetricsClient]
+) -> None:
+    page = "".join(f'vllm:family_{i}_bucket{{le="{i}"}} {i}\n' for i in range(40_000))  # ~1.2 MB
+    server = await raw_server(lambda n: chunked(page[: len(page) // 2], page[len(page) // 2 :]))
+    client = MetricsClient("127.0.0.1", server.port, "/metrics", 5.0, gather_after=0.001)
+    clients.append(client)
+    assert await client.get() == (200, page)
+    assert await client.get() == (200, page)
+
+
+def test_gathered_answers_under_uvloop() -> None:
+    """As `epick serve` runs: uvloop's loop, several clients, a gathering between them."""
+    import uvloop
+
+    async def scrape() -> list[tuple[int, str]]:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                while True:
+                    await reader.readuntil(b"\r\n\r\n")
+                    writer.write(with_length("uv"))
+                    await writer.drain()
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        made = [MetricsClient("127.0.0.1", port, "/metrics", 1.0, gather_after=0.005) for _ in range(4)]
+        try:
+            answers = []
+            for _ in range(3):
+                answers += await asyncio.gather(*(c.get() for c in made))
+            return answers
+        finally:
+            for c in made:
+                c.close()
+            server.close()
+
+    assert uvloop.run(scrape()) == [(200, "uv")] * 12

@@ -18,9 +18,11 @@ per endpoint; their metrics land `gather_after` later.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
 import ssl
-from typing import cast
+import weakref
+from typing import Any, cast
 
 
 class HTTPError(Exception):
@@ -164,22 +166,27 @@ class _Gathered:
             self.unwatch()
             return
         try:
-            while True:
+            chunks, ended = [], False
+            while True:  # all that has come, framed once (not once per piece: a large page)
                 try:
-                    data = self.sock.recv(1 << 16)
+                    data = self.sock.recv(1 << 18)
                 except BlockingIOError:
                     break
                 if not data:
-                    answer = self._assembly.ended()
-                    if answer is None:
-                        raise ConnectionResetError("the server closed the connection")
-                    self._resolve(answer)
-                    return
-                answer = self._assembly.feed(data)
-                if answer is not None:
-                    self._resolve(answer)
-                    return
-        except (OSError, HTTPError) as e:
+                    ended = True
+                    break
+                chunks.append(data)
+            answer = (
+                self._assembly.feed(b"".join(chunks) if len(chunks) > 1 else chunks[0]) if chunks else None
+            )
+            if answer is None and ended:
+                answer = self._assembly.ended()
+                if answer is None:
+                    raise ConnectionResetError("the server closed the connection")
+            if answer is not None:
+                self._resolve(answer)
+                return
+        except Exception as e:  # whatever an answer does, it fails this GET alone
             self.unwatch()
             waiter.set_exception(e)
             return
@@ -202,6 +209,8 @@ class _Gathered:
             self.closed = True
             self.unwatch()
             self.sock.close()
+            if self.waiter is not None and not self.waiter.done():
+                self.waiter.set_exception(ConnectionResetError("the connection was closed"))
 
 
 class _Gatherer:
@@ -223,17 +232,15 @@ class _Gatherer:
         waiting, self.waiting = self.waiting, []
         for conn in waiting:
             if not conn.closed:
-                conn.read()
+                conn.read()  # never raises: an answer's error is its own GET's
 
 
-_GATHERERS: dict[asyncio.AbstractEventLoop, _Gatherer] = {}
+_GATHERERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Gatherer] = weakref.WeakKeyDictionary()
 
 
 def _gatherer(loop: asyncio.AbstractEventLoop) -> _Gatherer:
     gatherer = _GATHERERS.get(loop)
     if gatherer is None:
-        for old in [old for old in _GATHERERS if old.is_closed()]:
-            del _GATHERERS[old]
         gatherer = _GATHERERS[loop] = _Gatherer(loop)
     return gatherer
 
@@ -249,7 +256,11 @@ def _framed(data: bytes, *, eof: bool = False) -> tuple[int, bytes, bool] | None
         return None
     lines = data[:end].decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+    if (
+        len(parts) < 2
+        or not parts[0].startswith("HTTP/1.")
+        or not (parts[1].isascii() and parts[1].isdigit())
+    ):
         raise HTTPError(f"not an HTTP/1.x response: {lines[0][:80]!r}")
     status = int(parts[1])
     length = -1
@@ -351,22 +362,27 @@ class MetricsClient:
             "Accept-Encoding: identity\r\nUser-Agent: epick\r\n\r\n"
         ).encode()
 
-    async def get(self) -> tuple[int, str]:
-        """(status, body text). Raises OSError, TimeoutError or HTTPError."""
+    async def get(self, *, gathered: bool = True) -> tuple[int, str]:
+        """(status, body text). Raises OSError, TimeoutError or HTTPError. `gathered=False`: this
+        answer is read as it comes even by a gathering client (a GET that follows another at once)."""
         loop = self._loop
         if loop is None or (self._conn is None and self._gathered is None) or loop.is_closed():
             loop = self._loop = asyncio.get_running_loop()  # again with each new connection
         deadline = loop.time() + self.timeout
-        exchange = self._exchange if self.gather_after is None else self._exchange_gathered
+        gathering = self.gather_after is not None
         try:
             try:
-                return await exchange(loop, deadline)
+                if gathering:
+                    return await self._exchange_gathered(loop, deadline, gathered)
+                return await self._exchange(loop, deadline)
             except (ConnectionError, HTTPError):
                 if loop.time() >= deadline:
                     raise
-                # A kept-alive connection the server dropped: one fresh attempt.
+                # A kept-alive connection the server dropped: one fresh attempt, read as it comes.
                 self.close()
-                return await exchange(loop, deadline)
+                if gathering:
+                    return await self._exchange_gathered(loop, deadline, False)
+                return await self._exchange(loop, deadline)
         except BaseException:
             # Never reuse a connection in an unknown state: a late answer would be read as the next one.
             self.close()
@@ -395,7 +411,9 @@ class MetricsClient:
             self.close()
         return status, body.decode("utf-8", "replace")
 
-    async def _exchange_gathered(self, loop: asyncio.AbstractEventLoop, deadline: float) -> tuple[int, str]:
+    async def _exchange_gathered(
+        self, loop: asyncio.AbstractEventLoop, deadline: float, gathered: bool
+    ) -> tuple[int, str]:
         assert self.gather_after is not None
         conn = self._gathered
         if conn is not None and (conn.closed or conn.stale()):
@@ -414,7 +432,10 @@ class MetricsClient:
         if sent < len(request):  # a full send buffer: rare for a few hundred bytes
             async with asyncio.timeout_at(deadline):
                 await loop.sock_sendall(conn.sock, request[sent:])
-        _gatherer(loop).expect(conn, self.gather_after)
+        if gathered:
+            _gatherer(loop).expect(conn, self.gather_after)
+        else:
+            conn.read()  # what has come, then as it comes
         timer = loop.call_at(deadline, _expire, waiter)
         try:
             status, body, keep_alive = await waiter
@@ -424,21 +445,38 @@ class MetricsClient:
             conn.unwatch()
         if not keep_alive:
             self.close()
+            # A server that closes after each answer: a connection per scrape costs more set up by
+            # hand than through the loop's transport, so its answers are read as they come.
+            self.gather_after = None
         return status, body.decode("utf-8", "replace")
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Gathered:
-        family, kind, proto, _, address = (
-            await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
-        )[0]
-        sock = socket.socket(family, kind, proto)
+        """A connection to the first of the host's addresses that accepts one (as the loop's
+        `create_connection` tries them); an IP address is not looked up."""
         try:
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            await loop.sock_connect(sock, address)
-        except BaseException:
-            sock.close()
-            raise
-        return _Gathered(sock, loop)
+            ip = ipaddress.ip_address(self.host)
+            family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+            addresses: list[tuple[Any, Any, int, str, Any]] = [
+                (family, socket.SOCK_STREAM, 0, "", (self.host, self.port))
+            ]
+        except ValueError:
+            addresses = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+        error: OSError = OSError(f"{self.host} has no address")
+        for family, kind, proto, _, address in addresses:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                await loop.sock_connect(sock, address)
+            except OSError as e:
+                sock.close()
+                error = e
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            return _Gathered(sock, loop)
+        raise error
 
     def close(self) -> None:
         if self._conn is not None and self._conn.transport is not None:

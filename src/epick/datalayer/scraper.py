@@ -295,9 +295,11 @@ class Scraper:
                 if not e.blames_filter or self.filtered is None or self.client.path != self.filtered:
                     raise
                 # Asked for the whole page: when that reads, the server is asked so from then on.
+                # (Read as it comes: the less time between the two pages, the less a page that
+                # changed meanwhile passes for a server that mis-answers filters.)
                 self.client.path = self.target.path
                 try:
-                    results = await self._read(self.client, started)
+                    results = await self._read(self.client, started, gathered=False)
                 except BaseException:
                     self.client.path = self.filtered
                     raise
@@ -321,10 +323,10 @@ class Scraper:
         self.succeeded()
         self._report(None)
 
-    async def _read(self, client: MetricsClient, started: float) -> list[Extracted]:
+    async def _read(self, client: MetricsClient, started: float, *, gathered: bool = True) -> list[Extracted]:
         """One GET and what the extractors read of it. An answer they cannot read raises `_UnreadError`
         naming which (an HTTP error status is a failed poll, as upstream counts it)."""
-        status, text = await client.get()
+        status, text = await client.get(gathered=gathered)
         if status != 200:
             raise _UnreadError(ExtractError(f"HTTP {status}"), None)
         payload: str | object = text
