@@ -176,6 +176,8 @@ class _Gathered:
                     ended = True
                     break
                 chunks.append(data)
+                if len(data) < 1 << 18:
+                    break  # the kernel had no more: no recv to learn it (what follows, when it comes)
             answer = (
                 self._assembly.feed(b"".join(chunks) if len(chunks) > 1 else chunks[0]) if chunks else None
             )
