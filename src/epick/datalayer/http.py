@@ -403,12 +403,7 @@ class MetricsClient:
         waiter: asyncio.Future[tuple[int, bytes, bool]] = loop.create_future()
         conn.waiter = waiter
         conn.transport.write(self._request)
-        timer = loop.call_at(deadline, _expire, waiter)
-        try:
-            status, body, keep_alive = await waiter
-        finally:
-            timer.cancel()
-            conn.waiter = None
+        status, body, keep_alive = await _answer(loop, deadline, waiter, conn)
         if not keep_alive:
             self.close()
         return status, body.decode("utf-8", "replace")
@@ -438,13 +433,7 @@ class MetricsClient:
             _gatherer(loop).expect(conn, self.gather_after)
         else:
             conn.read()  # what has come, then as it comes
-        timer = loop.call_at(deadline, _expire, waiter)
-        try:
-            status, body, keep_alive = await waiter
-        finally:
-            timer.cancel()
-            conn.waiter = None
-            conn.unwatch()
+        status, body, keep_alive = await _answer(loop, deadline, waiter, conn)
         if not keep_alive:
             self.close()
             # A server that closes after each answer: a connection per scrape costs more set up by
@@ -487,6 +476,23 @@ class MetricsClient:
         if self._gathered is not None:
             self._gathered.close()
         self._gathered = None
+
+
+async def _answer(
+    loop: asyncio.AbstractEventLoop,
+    deadline: float,
+    waiter: asyncio.Future[tuple[int, bytes, bool]],
+    conn: _Answer | _Gathered,
+) -> tuple[int, bytes, bool]:
+    """What `waiter` gets by `deadline` (else TimeoutError); then `conn` waits for nothing more."""
+    timer = loop.call_at(deadline, _expire, waiter)
+    try:
+        return await waiter
+    finally:
+        timer.cancel()
+        conn.waiter = None
+        if isinstance(conn, _Gathered):
+            conn.unwatch()
 
 
 def _expire(waiter: asyncio.Future[tuple[int, bytes, bool]]) -> None:
