@@ -187,3 +187,18 @@ def test_a_refresh_keeps_metrics_fresh_without_blocking_an_earlier_scrape_from_e
     assert not ds.offer_metrics("a", Metrics(update_time=100.05))  # older than what is held: dropped
     ds.remove("a")
     assert ds.scraped_at("a") is None
+
+
+def test_a_scrape_that_began_before_a_failure_does_not_bring_the_endpoint_back() -> None:
+    ds = Datastore()
+    ds.upsert(EndpointSpec("a", "10.0.0.1", 8000, {}))
+    began = ds.health_marks  # a scrape goes out
+    ds.set_healthy("a", False)  # meanwhile a request finds the endpoint unreachable
+    ds.set_healthy("a", True, seen_after=began)  # the scrape's answer, read before it failed
+    assert not ds.is_healthy("a")
+    later = ds.health_marks  # the next scrape, begun after the failure
+    ds.set_healthy("a", True, seen_after=later)
+    assert ds.is_healthy("a")
+    ds.set_healthy("a", False)
+    ds.set_healthy("a", True)  # evidence without a time (another worker's scrape) counts as before
+    assert ds.is_healthy("a")

@@ -43,6 +43,10 @@ class Datastore:
         self._version = 0  # of the last snapshot built
         self._listeners: list[Listener] = []
         self._unhealthy: set[str] = set()
+        # Each unhealthy endpoint's mark (`health_marks` when it was set): evidence gathered before
+        # it (a scrape that began earlier) does not bring the endpoint back.
+        self._marked: dict[str, int] = {}
+        self.health_marks = 0  # endpoints marked unhealthy so far
         # The `update_time` of each endpoint's last scraped metrics, this process's or another
         # worker's: `refresh_metrics` moves the metrics' own stamp, never this one.
         self._scraped_at: dict[str, float] = {}
@@ -81,6 +85,7 @@ class Datastore:
         del self._endpoints[name]
         self._scraped_at.pop(name, None)
         self._unhealthy.discard(name)
+        self._marked.pop(name, None)
         self._ejected.pop(name, None)
         self._snapshot = None
         for listener in self._listeners:
@@ -157,13 +162,20 @@ class Datastore:
         self._endpoints[name] = current.with_attributes({})
         self._snapshot = None
 
-    def set_healthy(self, name: str, healthy: bool) -> None:
-        """An unhealthy endpoint (unreachable, failing scrapes) is left out of snapshots until it recovers."""
+    def set_healthy(self, name: str, healthy: bool, *, seen_after: int | None = None) -> None:
+        """An unhealthy endpoint (unreachable, failing scrapes) is left out of snapshots until it
+        recovers. `seen_after`: `health_marks` when the evidence of health was gathered (a scrape's
+        start); an endpoint marked unhealthy since stays so (the scrape read it before it failed)."""
         if name not in self._endpoints or healthy == (name not in self._unhealthy):
             return
         if healthy:
+            if seen_after is not None and self._marked.get(name, 0) > seen_after:
+                return
             self._unhealthy.discard(name)
+            self._marked.pop(name, None)
         else:
+            self.health_marks += 1
+            self._marked[name] = self.health_marks
             self._unhealthy.add(name)
         self._snapshot = None
 

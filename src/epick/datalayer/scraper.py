@@ -286,6 +286,7 @@ class Scraper:
 
     async def scrape_once(self) -> None:
         started = self.wall_clock()
+        marks = self.datastore.health_marks
         try:
             if self.setup_error is not None or self.client is None:
                 raise ExtractError(self.setup_error or "no client")
@@ -320,7 +321,7 @@ class Scraper:
                 self.datastore.update_metrics(self.spec.name, result.metrics)
             if result.attributes:
                 self.datastore.update_attributes(self.spec.name, result.attributes)
-        self.succeeded()
+        self.succeeded(marks)
         self._report(None)
 
     async def _read(self, client: MetricsClient, started: float, *, gathered: bool = True) -> list[Extracted]:
@@ -365,11 +366,13 @@ class Scraper:
         if self.drives_health and self.consecutive_failures >= self.unhealthy_after:
             self.datastore.set_healthy(self.spec.name, False)
 
-    def succeeded(self) -> None:
-        """A scrape of the endpoint succeeded, this worker's or another's."""
+    def succeeded(self, seen_after: int | None = None) -> None:
+        """A scrape of the endpoint succeeded, this worker's or another's. `seen_after`: the
+        datastore's `health_marks` when this worker's scrape began (an endpoint the request path
+        found unreachable after that stays out: the answer is older than the failure)."""
         self.consecutive_failures = 0
         if self.drives_health:
-            self.datastore.set_healthy(self.spec.name, True)
+            self.datastore.set_healthy(self.spec.name, True, seen_after=seen_after)
 
     def _report(self, error: str | None) -> None:
         if error == self.last_error:
