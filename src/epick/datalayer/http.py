@@ -150,13 +150,12 @@ class _Gathered:
         """Before a GET: whether the server closed the connection, or sent what was not asked for,
         since the last answer (then it is not reused)."""
         try:
-            data = self.sock.recv(1)
+            self.sock.recv(1)  # EOF (no bytes), or bytes nobody asked for
         except BlockingIOError:
             return False
         except OSError:
-            return True
-        del data
-        return True  # EOF (no bytes), or bytes nobody asked for
+            pass
+        return True
 
     def read(self) -> None:
         """Read what has come; resolve the waiter once the answer is whole (or failed), else watch the

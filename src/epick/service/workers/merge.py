@@ -1,12 +1,13 @@
-"""The workers' /metrics pages merged into one."""
+"""The workers' /metrics pages merged into one, what retired workers counted, and the supervisor's
+own series."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
@@ -83,3 +84,23 @@ class _Families(Collector):
 
     def collect(self) -> Any:
         return iter(self.families)
+
+
+class WorkerCount(Collector):
+    """The supervisor's own series beside the merged ones: how many workers serve, how many may, and
+    how often the count followed the load (`scaled`: by direction, "up" and "down")."""
+
+    def __init__(self, serving: Callable[[], int], most: int, scaled: Mapping[str, int]) -> None:
+        self.serving, self.most, self.scaled = serving, most, scaled
+
+    def collect(self) -> Any:
+        serving = GaugeMetricFamily("epick_workers_serving", "Worker processes serving now")
+        serving.add_metric([], self.serving())
+        most = GaugeMetricFamily("epick_workers_max", "The most worker processes that may serve (--workers)")
+        most.add_metric([], self.most)
+        scaled = CounterMetricFamily(
+            "epick_workers_scaled", "Workers started or retired as the load changed", labels=["direction"]
+        )
+        for direction, count in self.scaled.items():
+            scaled.add_metric([direction], count)
+        yield from (serving, most, scaled)

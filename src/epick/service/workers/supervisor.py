@@ -20,15 +20,13 @@ import aiohttp
 import msgpack
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from epick.datalayer.discovery.kubernetes.client import load_client
 from epick.service.metrics_server import MetricsAuth, MetricsServer, metrics_tls
 from epick.service.plugin_state import PATH as PLUGIN_STATE_PATH
 from epick.service.settings import Settings, WorkerScaling
 from epick.service.workers.frames import UPDATES, frame, read_frame, read_raw_frame
-from epick.service.workers.merge import MergedPages, carried_page
+from epick.service.workers.merge import MergedPages, WorkerCount, carried_page
 from epick.service.workers.scaling import ScalingDecision, cpu_seconds, measurable
 from epick.service.workers.sockets import bind_proxy, reserve_grpc
 
@@ -477,29 +475,8 @@ class Supervisor:
         pages = [page for worker, finals, page in read if worker.finals == finals]
         registry = CollectorRegistry()
         registry.register(MergedPages([*pages, self.carried]))
-        registry.register(WorkerCount(self))
+        registry.register(WorkerCount(lambda: len(self._serving()), len(self.workers), self.scaled))
         return bytes(generate_latest(registry))
-
-
-class WorkerCount(Collector):
-    """The supervisor's own series: how many workers serve, how many may, and how often the count
-    followed the load."""
-
-    def __init__(self, supervisor: Supervisor) -> None:
-        self.supervisor = supervisor
-
-    def collect(self) -> Any:
-        supervisor = self.supervisor
-        serving = GaugeMetricFamily("epick_workers_serving", "Worker processes serving now")
-        serving.add_metric([], len(supervisor._serving()))
-        most = GaugeMetricFamily("epick_workers_max", "The most worker processes that may serve (--workers)")
-        most.add_metric([], len(supervisor.workers))
-        scaled = CounterMetricFamily(
-            "epick_workers_scaled", "Workers started or retired as the load changed", labels=["direction"]
-        )
-        for direction, count in supervisor.scaled.items():
-            scaled.add_metric([direction], count)
-        yield from (serving, most, scaled)
 
 
 def _one_certificate(settings: Settings, tmp: Path) -> Settings:
