@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_watch.py --quick
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/bench_dataplane.py
+	$(BIN)/python benchmarks/bench_scaling.py --quick
 	$(BIN)/python benchmarks/bench_http_stacks.py --quick
 	$(BIN)/python benchmarks/bench_grpc_servers.py --quick
 	$(BIN)/python benchmarks/bench_streamed.py --quick
